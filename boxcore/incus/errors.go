@@ -1,0 +1,83 @@
+package incus
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// ErrNotFound matches (errors.Is) any API error with status 404.
+var ErrNotFound = errors.New("not found")
+
+// ErrConflict matches (errors.Is) any API error with status 409, or whose message says the
+// object "already exists".
+var ErrConflict = errors.New("already exists")
+
+// StatusError is an error returned by the Incus API, either directly (Code is the HTTP or
+// Incus error code) or as the failure of an operation (Operation is its id, Code its status
+// code, usually 400).
+type StatusError struct {
+	Code      int
+	Message   string // Incus's own error text
+	Method    string // request that failed, when known
+	Path      string
+	Operation string // operation id, for a failed operation
+}
+
+func (e *StatusError) Error() string {
+	switch {
+	case e.Operation != "":
+		return fmt.Sprintf("incus: operation %s failed: %s", e.Operation, e.Message)
+	case e.Method != "":
+		return fmt.Sprintf("incus: %s %s: %s (%d)", e.Method, e.Path, e.Message, e.Code)
+	default:
+		return fmt.Sprintf("incus: %s (%d)", e.Message, e.Code)
+	}
+}
+
+// Is makes errors.Is(err, ErrNotFound) and errors.Is(err, ErrConflict) work.
+func (e *StatusError) Is(target error) bool {
+	switch target {
+	case ErrNotFound:
+		return e.Code == http.StatusNotFound
+	case ErrConflict:
+		return e.Code == http.StatusConflict || strings.Contains(strings.ToLower(e.Message), "already exists")
+	}
+	return false
+}
+
+// OperationError is an alias kept for readability at call sites: a failed operation is
+// reported as a *StatusError whose Operation field is set.
+type OperationError = StatusError
+
+// DaemonUnreachableError says the Incus daemon did not answer: its Unix socket is missing or
+// refuses connections (Socket set), or an HTTPS remote could not be dialled (Remote set).
+type DaemonUnreachableError struct {
+	Socket string
+	Remote string
+	Err    error
+}
+
+func (e *DaemonUnreachableError) Error() string {
+	if e.Socket == "" && e.Remote != "" {
+		return fmt.Sprintf("the Incus remote at %s is not answering: %v", e.Remote, e.Err)
+	}
+	return fmt.Sprintf("the Incus daemon is not answering at %s: start it with 'make setup' (or 'systemctl start incus')", e.Socket)
+}
+
+func (e *DaemonUnreachableError) Unwrap() error { return e.Err }
+
+// UnknownRemoteError says Connect was given a remote name the incus CLI config does not have.
+type UnknownRemoteError struct {
+	Name   string
+	Config string // the config file consulted
+}
+
+func (e *UnknownRemoteError) Error() string {
+	where := ""
+	if e.Config != "" {
+		where = " in " + e.Config
+	}
+	return fmt.Sprintf("unknown Incus remote %q%s: see `incus remote list`", e.Name, where)
+}

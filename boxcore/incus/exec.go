@@ -1,0 +1,287 @@
+package incus
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/gorilla/websocket"
+)
+
+// ExecRequest describes a command to run inside an instance.
+type ExecRequest struct {
+	Command []string
+	Env     map[string]string
+	User    uint32 // uid; 0 is root
+	Group   uint32 // gid
+	Cwd     string
+	// Stdin feeds the command's standard input in Exec (nil: empty input). ExecInteractive
+	// takes its stdin as an argument instead.
+	Stdin io.Reader
+
+	// Resize, for ExecInteractive with a tty: each value {width, height} resizes the
+	// terminal. Closing it or leaving it nil is fine.
+	Resize <-chan [2]int
+	// Signal, for ExecInteractive: each value is sent to the command as that signal number.
+	Signal <-chan int
+}
+
+// ExecResult is the captured outcome of Exec.
+type ExecResult struct {
+	Stdout, Stderr []byte
+	ExitCode       int
+}
+
+type execPost struct {
+	Command          []string          `json:"command"`
+	Environment      map[string]string `json:"environment,omitempty"`
+	WaitForWebsocket bool              `json:"wait-for-websocket"`
+	RecordOutput     bool              `json:"record-output"`
+	Interactive      bool              `json:"interactive"`
+	Width            int               `json:"width,omitempty"`
+	Height           int               `json:"height,omitempty"`
+	User             uint32            `json:"user"`
+	Group            uint32            `json:"group"`
+	Cwd              string            `json:"cwd,omitempty"`
+}
+
+// Exec runs a command in a running instance and captures its output and exit code. A
+// command that runs and exits non-zero is not an error: see ExitCode.
+func (c *Client) Exec(ctx context.Context, inst string, req ExecRequest) (ExecResult, error) {
+	var out, errb bytes.Buffer
+	stdin := req.Stdin
+	code, err := c.execWS(ctx, inst, req, false, stdin, &out, &errb, 0, 0)
+	return ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), ExitCode: code}, err
+}
+
+// ExecInteractive runs a command wired to the given streams and returns its exit code.
+// With tty the command gets a terminal of width×height (stderr is merged into stdout by the
+// terminal, so the stderr writer is unused); req.Resize resizes it. Without tty stdin,
+// stdout and stderr are separate streams. stdin may be nil. A stdin that never reaches EOF
+// (a terminal) is read by a goroutine that outlives the call until its next Read returns.
+func (c *Client) ExecInteractive(ctx context.Context, inst string, req ExecRequest, stdin io.Reader, stdout io.Writer, stderr io.Writer, tty bool, width, height int) (int, error) {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	return c.execWS(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
+}
+
+func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
+	if len(req.Command) == 0 {
+		return -1, errors.New("incus: exec: empty command")
+	}
+	body := execPost{
+		Command: req.Command, Environment: req.Env, WaitForWebsocket: true, Interactive: tty,
+		User: req.User, Group: req.Group, Cwd: req.Cwd,
+	}
+	if tty {
+		body.Width, body.Height = width, height
+		if body.Width <= 0 || body.Height <= 0 {
+			body.Width, body.Height = 80, 24
+		}
+	}
+	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances/"+esc(inst)+"/exec", body, nil)
+	if err != nil {
+		return -1, err
+	}
+	op, err := decodeOp(r)
+	if err != nil {
+		return -1, err
+	}
+	fds := map[string]string{}
+	if m, ok := op.Metadata["fds"].(map[string]any); ok {
+		for k, v := range m {
+			if s, ok := v.(string); ok {
+				fds[k] = s
+			}
+		}
+	}
+	want := []string{"0", "1", "2", "control"}
+	if tty {
+		want = []string{"0", "control"}
+	}
+	conns := map[string]*websocket.Conn{}
+	closeAll := func() {
+		for _, cn := range conns {
+			cn.Close()
+		}
+	}
+	for _, fd := range want {
+		secret, ok := fds[fd]
+		if !ok {
+			closeAll()
+			return -1, fmt.Errorf("incus: exec: operation %s offers no websocket for fd %s", op.ID, fd)
+		}
+		cn, err := c.websocket(ctx, op.ID, secret)
+		if err != nil {
+			closeAll()
+			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
+			return -1, fmt.Errorf("incus: exec: connecting fd %s: %w", fd, err)
+		}
+		conns[fd] = cn
+	}
+	defer closeAll()
+
+	ctl := &lockedConn{c: conns["control"]}
+	stopCtl := make(chan struct{})
+	defer close(stopCtl)
+	go func() {
+		// Drain the control socket so pings and the close handshake are processed.
+		for {
+			if _, _, err := conns["control"].NextReader(); err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		resize, signal := req.Resize, req.Signal
+		for {
+			select {
+			case <-stopCtl:
+				return
+			case <-ctx.Done():
+				_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": 9})
+				closeAll()
+				return
+			case wh, ok := <-resize:
+				if !ok {
+					resize = nil
+					continue
+				}
+				_ = ctl.writeJSON(map[string]any{"command": "window-resize", "args": map[string]string{
+					"width": strconv.Itoa(wh[0]), "height": strconv.Itoa(wh[1])}})
+			case sig, ok := <-signal:
+				if !ok {
+					signal = nil
+					continue
+				}
+				_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": sig})
+			}
+		}
+	}()
+
+	// stdin → fd 0. Without a tty, EOF is passed on as a close message so the command sees
+	// EOF; with a tty the terminal stays open (the command decides when to end).
+	in := conns["0"]
+	go func() {
+		if stdin != nil {
+			buf := make([]byte, 32*1024)
+			for {
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					if werr := in.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+		}
+		if !tty {
+			_ = in.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+		}
+	}()
+
+	var wg sync.WaitGroup
+	var outErr, errErr error
+	wg.Add(1)
+	go func() { defer wg.Done(); outErr = pump(conns[outFD(tty)], stdout) }()
+	if !tty {
+		wg.Add(1)
+		go func() { defer wg.Done(); errErr = pump(conns["2"], stderr) }()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return -1, fmt.Errorf("incus: exec in %s: %w", inst, ctx.Err())
+	}
+	final, err := c.WaitOperation(ctx, op.ID, nil)
+	if err != nil {
+		return -1, err
+	}
+	if outErr != nil {
+		return -1, fmt.Errorf("incus: exec: writing stdout: %w", outErr)
+	}
+	if errErr != nil {
+		return -1, fmt.Errorf("incus: exec: writing stderr: %w", errErr)
+	}
+	return exitCode(final.Metadata), nil
+}
+
+func outFD(tty bool) string {
+	if tty {
+		return "0"
+	}
+	return "1"
+}
+
+// pump copies websocket messages to w until the socket closes. It returns only a write
+// error: the socket closing is the normal end.
+func pump(cn *websocket.Conn, w io.Writer) error {
+	var werr error
+	for {
+		_, r, err := cn.NextReader()
+		if err != nil {
+			return werr
+		}
+		if werr == nil {
+			_, werr = io.Copy(w, r)
+		}
+	}
+}
+
+func exitCode(md map[string]any) int {
+	switch v := md["return"].(type) {
+	case float64:
+		return int(v)
+	case string:
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return -1
+}
+
+// websocket dials /1.0/operations/<id>/websocket?secret=<secret>.
+func (c *Client) websocket(ctx context.Context, opID, secret string) (*websocket.Conn, error) {
+	u := c.base
+	switch {
+	case strings.HasPrefix(u, "https://"):
+		u = "wss://" + strings.TrimPrefix(u, "https://")
+	case strings.HasPrefix(u, "http://"):
+		u = "ws://" + strings.TrimPrefix(u, "http://")
+	}
+	u += "/1.0/operations/" + esc(opID) + "/websocket?secret=" + url.QueryEscape(secret)
+	cn, resp, err := c.ws.DialContext(ctx, u, http.Header{"User-Agent": {"claudebox"}})
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	if err != nil {
+		if isUnreachable(err) {
+			return nil, &DaemonUnreachableError{Socket: c.socket, Remote: c.remoteAddr(), Err: err}
+		}
+		return nil, err
+	}
+	return cn, nil
+}
+
+type lockedConn struct {
+	mu sync.Mutex
+	c  *websocket.Conn
+}
+
+func (l *lockedConn) writeJSON(v any) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.WriteJSON(v)
+}

@@ -1,0 +1,112 @@
+package incus
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// Image is an image in the daemon's store.
+type Image struct {
+	Fingerprint  string            `json:"fingerprint"`
+	Aliases      []string          `json:"-"`
+	Size         int64             `json:"size"`
+	Properties   map[string]string `json:"properties"`
+	Type         string            `json:"type"` // "container" | "virtual-machine"
+	Architecture string            `json:"architecture"`
+	Public       bool              `json:"public"`
+	CreatedAt    time.Time         `json:"created_at"`
+	UploadedAt   time.Time         `json:"uploaded_at"`
+}
+
+type imageJSON struct {
+	Image
+	Aliases []struct {
+		Name        string `json:"name"`
+		Description string `json:"description"`
+	} `json:"aliases"`
+}
+
+// ImageAlias is an alias pointing at an image.
+type ImageAlias struct {
+	Name        string `json:"name"`
+	Target      string `json:"target"` // fingerprint
+	Type        string `json:"type"`
+	Description string `json:"description"`
+}
+
+// ImportImage uploads an image tarball (a unified tarball: metadata.yaml + rootfs/, plain
+// or compressed), waits for the import and creates the given aliases. It returns the
+// image's fingerprint. Importing an image already in the store fails with ErrConflict.
+func (c *Client) ImportImage(ctx context.Context, tarball io.Reader, aliases []string) (string, error) {
+	h := http.Header{}
+	h.Set("X-Incus-public", "0")
+	op, err := c.call(ctx, http.MethodPost, "/1.0/images", nil,
+		&reqOpts{body: tarball, contentType: "application/octet-stream", header: h})
+	if err != nil {
+		return "", err
+	}
+	if op == nil {
+		return "", fmt.Errorf("incus: image import returned no operation")
+	}
+	fp, _ := op.Metadata["fingerprint"].(string)
+	if fp == "" {
+		return "", fmt.Errorf("incus: image import finished without a fingerprint")
+	}
+	for _, a := range aliases {
+		if err := c.CreateImageAlias(ctx, a, fp); err != nil {
+			return fp, err
+		}
+	}
+	return fp, nil
+}
+
+// Image returns an image by fingerprint (a unique prefix works too).
+func (c *Client) Image(ctx context.Context, fingerprint string) (Image, error) {
+	var j imageJSON
+	if _, err := c.get(ctx, "/1.0/images/"+esc(fingerprint), &j); err != nil {
+		return Image{}, err
+	}
+	img := j.Image
+	for _, a := range j.Aliases {
+		img.Aliases = append(img.Aliases, a.Name)
+	}
+	return img, nil
+}
+
+// ImageAlias returns an alias.
+func (c *Client) ImageAlias(ctx context.Context, alias string) (ImageAlias, error) {
+	var a ImageAlias
+	_, err := c.get(ctx, "/1.0/images/aliases/"+esc(alias), &a)
+	return a, err
+}
+
+// ImageByAlias resolves an alias and returns the image it points at.
+func (c *Client) ImageByAlias(ctx context.Context, alias string) (Image, error) {
+	a, err := c.ImageAlias(ctx, alias)
+	if err != nil {
+		return Image{}, err
+	}
+	return c.Image(ctx, a.Target)
+}
+
+// DeleteImage deletes an image (and its aliases).
+func (c *Client) DeleteImage(ctx context.Context, fingerprint string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/1.0/images/"+esc(fingerprint), nil, nil)
+	return err
+}
+
+// CreateImageAlias points a new alias at an image.
+func (c *Client) CreateImageAlias(ctx context.Context, alias, fingerprint string) error {
+	_, err := c.call(ctx, http.MethodPost, "/1.0/images/aliases",
+		map[string]string{"name": alias, "target": fingerprint}, nil)
+	return err
+}
+
+// DeleteImageAlias deletes an alias (the image stays).
+func (c *Client) DeleteImageAlias(ctx context.Context, alias string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/1.0/images/aliases/"+esc(alias), nil, nil)
+	return err
+}

@@ -1,0 +1,160 @@
+package incus
+
+import (
+	"context"
+	"net/http"
+)
+
+// Network is an Incus network (managed or not).
+type Network struct {
+	Name        string            `json:"name"`
+	Type        string            `json:"type"` // "bridge", "physical", "loopback", ...
+	Description string            `json:"description"`
+	Managed     bool              `json:"managed"`
+	Config      map[string]string `json:"config"`
+	UsedBy      []string          `json:"used_by"`
+	Status      string            `json:"status"`
+	Locations   []string          `json:"locations,omitempty"`
+}
+
+// NetworkLease is a DHCP lease (or static allocation) of a managed network.
+type NetworkLease struct {
+	Hostname string `json:"hostname"`
+	Hwaddr   string `json:"hwaddr"`
+	Address  string `json:"address"`
+	Type     string `json:"type"` // "static" | "dynamic" | "gateway"
+	Location string `json:"location"`
+}
+
+// Network returns one network and its ETag.
+func (c *Client) Network(ctx context.Context, name string) (Network, string, error) {
+	var n Network
+	etag, err := c.get(ctx, "/1.0/networks/"+esc(name), &n)
+	return n, etag, err
+}
+
+// Networks lists all networks, managed or not.
+func (c *Client) Networks(ctx context.Context) ([]Network, error) {
+	var out []Network
+	if _, err := c.get(ctx, "/1.0/networks?recursion=1", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CreateNetwork creates a managed network of type typ ("bridge" usually).
+func (c *Client) CreateNetwork(ctx context.Context, name, typ string, config map[string]string, description string) error {
+	if config == nil {
+		config = map[string]string{}
+	}
+	_, err := c.call(ctx, http.MethodPost, "/1.0/networks", map[string]any{
+		"name": name, "type": typ, "config": config, "description": description}, nil)
+	return err
+}
+
+// UpdateNetwork replaces a network's config and description (PUT). etag, when not empty,
+// makes the update conditional.
+func (c *Client) UpdateNetwork(ctx context.Context, name string, config map[string]string, description string, etag string) error {
+	if config == nil {
+		config = map[string]string{}
+	}
+	_, err := c.call(ctx, http.MethodPut, "/1.0/networks/"+esc(name),
+		map[string]any{"config": config, "description": description}, &reqOpts{etag: etag})
+	return err
+}
+
+// DeleteNetwork deletes a managed network.
+func (c *Client) DeleteNetwork(ctx context.Context, name string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/1.0/networks/"+esc(name), nil, nil)
+	return err
+}
+
+// NetworkLeases lists a managed network's DHCP leases.
+func (c *Client) NetworkLeases(ctx context.Context, name string) ([]NetworkLease, error) {
+	var out []NetworkLease
+	if _, err := c.get(ctx, "/1.0/networks/"+esc(name)+"/leases", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ACLRule is one rule of a network ACL.
+type ACLRule struct {
+	Action          string `json:"action"` // "allow" | "reject" | "drop" | "allow-stateless"
+	Source          string `json:"source,omitempty"`
+	Destination     string `json:"destination,omitempty"`
+	Protocol        string `json:"protocol,omitempty"` // "tcp" | "udp" | "icmp4" | "icmp6"
+	SourcePort      string `json:"source_port,omitempty"`
+	DestinationPort string `json:"destination_port,omitempty"`
+	ICMPType        string `json:"icmp_type,omitempty"`
+	ICMPCode        string `json:"icmp_code,omitempty"`
+	Description     string `json:"description,omitempty"`
+	State           string `json:"state"` // "enabled" | "disabled" | "logged"
+}
+
+// NetworkACL is a network ACL.
+type NetworkACL struct {
+	Name        string            `json:"name"`
+	Description string            `json:"description"`
+	Egress      []ACLRule         `json:"egress"`
+	Ingress     []ACLRule         `json:"ingress"`
+	Config      map[string]string `json:"config"`
+	UsedBy      []string          `json:"used_by,omitempty"`
+}
+
+type aclPut struct {
+	Description string            `json:"description"`
+	Egress      []ACLRule         `json:"egress"`
+	Ingress     []ACLRule         `json:"ingress"`
+	Config      map[string]string `json:"config"`
+}
+
+func (a NetworkACL) put() aclPut {
+	p := aclPut{Description: a.Description, Egress: a.Egress, Ingress: a.Ingress, Config: a.Config}
+	if p.Egress == nil {
+		p.Egress = []ACLRule{}
+	}
+	if p.Ingress == nil {
+		p.Ingress = []ACLRule{}
+	}
+	if p.Config == nil {
+		p.Config = map[string]string{}
+	}
+	for _, rs := range [][]ACLRule{p.Egress, p.Ingress} {
+		for i := range rs {
+			if rs[i].State == "" {
+				rs[i].State = "enabled"
+			}
+		}
+	}
+	return p
+}
+
+// NetworkACL returns one ACL and its ETag.
+func (c *Client) NetworkACL(ctx context.Context, name string) (NetworkACL, string, error) {
+	var a NetworkACL
+	etag, err := c.get(ctx, "/1.0/network-acls/"+esc(name), &a)
+	return a, etag, err
+}
+
+// CreateNetworkACL creates an ACL. Rules with an empty State are created "enabled".
+func (c *Client) CreateNetworkACL(ctx context.Context, acl NetworkACL) error {
+	body := struct {
+		Name string `json:"name"`
+		aclPut
+	}{acl.Name, acl.put()}
+	_, err := c.call(ctx, http.MethodPost, "/1.0/network-acls", body, nil)
+	return err
+}
+
+// UpdateNetworkACL replaces an ACL's rules, config and description (PUT).
+func (c *Client) UpdateNetworkACL(ctx context.Context, acl NetworkACL, etag string) error {
+	_, err := c.call(ctx, http.MethodPut, "/1.0/network-acls/"+esc(acl.Name), acl.put(), &reqOpts{etag: etag})
+	return err
+}
+
+// DeleteNetworkACL deletes an ACL (it must be unused).
+func (c *Client) DeleteNetworkACL(ctx context.Context, name string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/1.0/network-acls/"+esc(name), nil, nil)
+	return err
+}

@@ -1,0 +1,82 @@
+package incus
+
+import (
+	"context"
+	"strings"
+)
+
+// Server describes the Incus daemon (GET /1.0).
+type Server struct {
+	APIVersion     string
+	APIExtensions  []string
+	Auth           string // "trusted" | "untrusted"
+	Version        string // server_version, e.g. "6.0.4"
+	Kernel         string
+	KernelVersion  string
+	ServerName     string
+	Firewall       string // "nftables" | "xtables"
+	Driver         string // e.g. "lxc" or "lxc | qemu"
+	StorageDrivers []string
+	Architectures  []string
+	// InstanceTypes lists the instance types the daemon's drivers can run:
+	// "container" (lxc) and/or "virtual-machine" (qemu).
+	InstanceTypes []string
+	// VMSupported is true when the daemon's drivers include qemu.
+	VMSupported bool
+}
+
+type serverJSON struct {
+	APIVersion    string   `json:"api_version"`
+	APIExtensions []string `json:"api_extensions"`
+	Auth          string   `json:"auth"`
+	Environment   struct {
+		Architectures           []string `json:"architectures"`
+		Driver                  string   `json:"driver"`
+		Firewall                string   `json:"firewall"`
+		Kernel                  string   `json:"kernel"`
+		KernelVersion           string   `json:"kernel_version"`
+		ServerName              string   `json:"server_name"`
+		ServerVersion           string   `json:"server_version"`
+		StorageSupportedDrivers []struct {
+			Name string `json:"Name"`
+		} `json:"storage_supported_drivers"`
+	} `json:"environment"`
+}
+
+// Server returns the daemon's description. It is also the cheapest reachability check.
+func (c *Client) Server(ctx context.Context) (Server, error) {
+	var s serverJSON
+	if _, err := c.get(ctx, "/1.0", &s); err != nil {
+		return Server{}, err
+	}
+	e := s.Environment
+	out := Server{
+		APIVersion: s.APIVersion, APIExtensions: s.APIExtensions, Auth: s.Auth,
+		Version: e.ServerVersion, Kernel: e.Kernel, KernelVersion: e.KernelVersion,
+		ServerName: e.ServerName, Firewall: e.Firewall, Driver: e.Driver,
+		Architectures: e.Architectures,
+	}
+	for _, d := range e.StorageSupportedDrivers {
+		out.StorageDrivers = append(out.StorageDrivers, d.Name)
+	}
+	for _, d := range strings.Split(e.Driver, "|") {
+		switch strings.TrimSpace(d) {
+		case "lxc":
+			out.InstanceTypes = append(out.InstanceTypes, "container")
+		case "qemu":
+			out.InstanceTypes = append(out.InstanceTypes, "virtual-machine")
+			out.VMSupported = true
+		}
+	}
+	return out, nil
+}
+
+// HasExtension reports whether the daemon advertises an API extension.
+func (s Server) HasExtension(name string) bool {
+	for _, e := range s.APIExtensions {
+		if e == name {
+			return true
+		}
+	}
+	return false
+}

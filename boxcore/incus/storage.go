@@ -1,0 +1,48 @@
+package incus
+
+import (
+	"context"
+	"net/http"
+)
+
+// StoragePool is an Incus storage pool.
+type StoragePool struct {
+	Name        string            `json:"name"`
+	Driver      string            `json:"driver"`
+	Description string            `json:"description"`
+	Status      string            `json:"status"`
+	Config      map[string]string `json:"config"`
+	UsedBy      []string          `json:"used_by"`
+}
+
+// StoragePools lists all storage pools.
+func (c *Client) StoragePools(ctx context.Context) ([]StoragePool, error) {
+	var out []StoragePool
+	if _, err := c.get(ctx, "/1.0/storage-pools?recursion=1", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// StoragePool returns one storage pool and its ETag.
+func (c *Client) StoragePool(ctx context.Context, name string) (StoragePool, string, error) {
+	var p StoragePool
+	etag, err := c.get(ctx, "/1.0/storage-pools/"+esc(name), &p)
+	return p, etag, err
+}
+
+// CreateStoragePool creates a storage pool (driver "dir" needs no config).
+func (c *Client) CreateStoragePool(ctx context.Context, name, driver string, config map[string]string) error {
+	if config == nil {
+		config = map[string]string{}
+	}
+	_, err := c.call(ctx, http.MethodPost, "/1.0/storage-pools",
+		map[string]any{"name": name, "driver": driver, "config": config}, nil)
+	return err
+}
+
+// DeleteStoragePool deletes an (unused) storage pool.
+func (c *Client) DeleteStoragePool(ctx context.Context, name string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/1.0/storage-pools/"+esc(name), nil, nil)
+	return err
+}
