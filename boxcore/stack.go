@@ -1,0 +1,169 @@
+package boxcore
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+)
+
+// Stack names the host objects that isolate boxes. The product uses DefaultStack; tests use
+// per-run names so that several stacks can live side by side on one daemon.
+type Stack struct {
+	Network string // NAT bridge the boxes attach to
+	ACL     string // network ACL dropping private, CGNAT and link-local egress
+	Profile string // the only profile a box carries
+	Pool    string // storage pool of the profile's root disk
+	// Unit is the systemd unit re-applying the firewall at boot; empty means none.
+	Unit string
+}
+
+// DefaultStack is the stack of the seed design.
+func DefaultStack() Stack {
+	return Stack{
+		Network: "claudenet",
+		ACL:     "claude-isolate",
+		Profile: "claude-dev",
+		Pool:    "default",
+		Unit:    "claudebox-firewall.service",
+	}
+}
+
+// TagKey marks an instance as a box. Nothing without it is ever touched.
+const TagKey = "user.claudebox"
+
+// BlockedEgress are the ranges a box must never reach: RFC 1918, CGNAT, link-local.
+var BlockedEgress = []string{
+	"10.0.0.0/8",
+	"172.16.0.0/12",
+	"192.168.0.0/16",
+	"100.64.0.0/10",
+	"169.254.0.0/16",
+}
+
+// DefaultUpstreams are the resolvers the bridge's dnsmasq forwards to unless told otherwise.
+var DefaultUpstreams = []string{"1.1.1.1", "9.9.9.9"}
+
+// Default resource limits of the profile; `new` may override them per box.
+const (
+	DefaultCPU    = "2"
+	DefaultMemory = "4GiB"
+)
+
+// DNSOptions are the dnsmasq lines that close name-based reconnaissance: with dns.mode=none
+// dnsmasq still registers DHCP hostnames and serves /etc/hosts (measured, FACTS.md).
+var DNSOptions = []string{"dhcp-ignore-names", "no-hosts", "no-resolv"}
+
+// NetworkConfig is the desired config of the bridge for a gateway/prefix and upstream resolvers.
+// extraDNSLines are appended to raw.dnsmasq (the drill's temporary test-domain forwarder).
+func NetworkConfig(gateway *net.IPNet, upstreams []string, acl string, extraDNSLines ...string) map[string]string {
+	lines := append([]string{}, DNSOptions...)
+	for _, u := range upstreams {
+		lines = append(lines, "server="+u)
+	}
+	lines = append(lines, extraDNSLines...)
+	return map[string]string{
+		"ipv4.address":                         gateway.String(),
+		"ipv4.nat":                             "true",
+		"ipv4.dhcp":                            "true",
+		"ipv6.address":                         "none",
+		"dns.mode":                             "none",
+		"raw.dnsmasq":                          strings.Join(lines, "\n"),
+		"security.acls":                        acl,
+		"security.acls.default.egress.action":  "allow",
+		"security.acls.default.ingress.action": "drop",
+	}
+}
+
+// ParseRawDNSMasq splits raw.dnsmasq into its upstream servers and every other line.
+func ParseRawDNSMasq(raw string) (servers, other []string) {
+	for _, l := range strings.Split(raw, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "":
+		case strings.HasPrefix(l, "server="):
+			servers = append(servers, strings.TrimPrefix(l, "server="))
+		default:
+			other = append(other, l)
+		}
+	}
+	return servers, other
+}
+
+// ACLRules is the desired egress rule list of the isolation ACL. Ingress is empty: the
+// network's default ingress action (drop) holds it.
+func ACLEgress() []ACLRuleSpec {
+	rules := make([]ACLRuleSpec, 0, len(BlockedEgress))
+	for _, cidr := range BlockedEgress {
+		rules = append(rules, ACLRuleSpec{Action: "drop", Destination: cidr, State: "enabled",
+			Description: "claudebox: no " + rangeName(cidr)})
+	}
+	return rules
+}
+
+// ACLRuleSpec is one ACL rule as we declare it.
+type ACLRuleSpec struct {
+	Action, Destination, State, Description string
+}
+
+func rangeName(cidr string) string {
+	switch cidr {
+	case "100.64.0.0/10":
+		return "CGNAT"
+	case "169.254.0.0/16":
+		return "link-local"
+	}
+	return "private range " + cidr
+}
+
+// ProfileDevices is the desired device set of the box profile.
+func ProfileDevices(s Stack) map[string]map[string]string {
+	return map[string]map[string]string{
+		"eth0": {
+			"type":                    "nic",
+			"name":                    "eth0",
+			"network":                 s.Network,
+			"security.port_isolation": "true",
+		},
+		"root": {
+			"type": "disk",
+			"path": "/",
+			"pool": s.Pool,
+		},
+	}
+}
+
+// ProfileConfig is the desired config of the box profile.
+func ProfileConfig() map[string]string {
+	return map[string]string{
+		"limits.cpu":    DefaultCPU,
+		"limits.memory": DefaultMemory,
+	}
+}
+
+// sortedKeys returns a map's keys in order, for stable output.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// ValidateStackName rejects names Incus or the kernel would refuse later.
+func (s Stack) Validate() error {
+	if s.Network == "" || len(s.Network) > 15 {
+		return fmt.Errorf("network name %q must be 1-15 characters (it is a kernel interface name)", s.Network)
+	}
+	if s.ACL == "" || s.Profile == "" || s.Pool == "" {
+		return fmt.Errorf("stack needs an ACL, a profile and a storage pool name")
+	}
+	return nil
+}
+
+// NamedStack is a complete stack named after one prefix, for tests and side-by-side stacks.
+// It installs no boot unit.
+func NamedStack(name string) Stack {
+	return Stack{Network: name, ACL: name + "-isolate", Profile: name + "-dev", Pool: "default"}
+}

@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// Env is what the command line runs against; tests swap the streams.
+type Env struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Terminal reports whether prompts can be asked (stdin and stderr are terminals).
+	Terminal bool
+	// Stack is the host stack the verbs use (DefaultStack unless CLAUDEBOX_STACK names a test stack).
+	Stack boxcore.Stack
+}
+
+// Ctx is what an action sees once its preconditions held.
+type Ctx struct {
+	*cli.Context
+	Env    *Env
+	Cmd    Command
+	Client *incus.Client // set by NeedsDaemon
+	Box    *boxcore.Box  // set by NeedsBox
+	Args   []string      // positional arguments (after the box, for box verbs: all of them)
+}
+
+// Out prints a line to stdout.
+func (c *Ctx) Out(format string, a ...any) { fmt.Fprintf(c.Env.Stdout, format+"\n", a...) }
+
+// Warn prints a line to stderr.
+func (c *Ctx) Warn(format string, a ...any) { fmt.Fprintf(c.Env.Stderr, format+"\n", a...) }
+
+// exitError carries an exit code chosen by an action (exec, incus) through urfave/cli.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// DefaultEnv is the process's own streams.
+func DefaultEnv() *Env {
+	return &Env{
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Terminal: term.IsTerminal(int(os.Stdin.Fd())) && term.IsTerminal(int(os.Stderr.Fd())),
+		Stack:    StackFromEnv(),
+	}
+}
+
+// StackFromEnv returns the product stack, or a named test stack when CLAUDEBOX_STACK is set,
+// so that tests never touch a user's real claudenet.
+func StackFromEnv() boxcore.Stack {
+	if name := os.Getenv("CLAUDEBOX_STACK"); name != "" {
+		return boxcore.NamedStack(name)
+	}
+	return boxcore.DefaultStack()
+}
+
+// Run runs the command line and returns the process exit code: 0 ok, 2 usage, 1 failure,
+// or the code an exec'd command returned.
+func Run(env *Env, args []string) int {
+	code := 0
+	app := NewApp(env, &code)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := app.RunContext(ctx, args)
+	if err == nil {
+		return code
+	}
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case boxcore.IsUsage(err) || isFlagError(err):
+		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		return 2
+	default:
+		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		return 1
+	}
+}
+
+func isFlagError(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "flag provided but not defined") || strings.HasPrefix(s, "invalid value") ||
+		strings.Contains(s, "flag needs an argument") || strings.HasPrefix(s, "Required flag")
+}
+
+// NewApp renders the table into a urfave/cli application.
+func NewApp(env *Env, code *int) *cli.App {
+	app := &cli.App{
+		Name:      "claudebox",
+		Usage:     "trust-less, network-isolated Incus boxes with Claude Code installed, and a drill that proves the isolation",
+		Version:   Version,
+		Reader:    env.Stdin,
+		Writer:    env.Stdout,
+		ErrWriter: env.Stderr,
+		// Errors are printed once, by Run, with the right exit code.
+		ExitErrHandler:       func(*cli.Context, error) {},
+		HideHelpCommand:      true,
+		EnableBashCompletion: false,
+		CommandNotFound: func(c *cli.Context, name string) {
+			fmt.Fprintf(env.Stderr, "claudebox: unknown command %q (see 'claudebox --help')\n", name)
+			*code = 2
+		},
+		OnUsageError: func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%v", err) },
+	}
+	groups := map[string]*cli.Command{}
+	for _, row := range Commands() {
+		cmd := render(env, row)
+		parent, leaf, nested := strings.Cut(row.Name, " ")
+		if !nested {
+			app.Commands = append(app.Commands, cmd)
+			continue
+		}
+		cmd.Name = leaf
+		g := groups[parent]
+		if g == nil {
+			g = &cli.Command{Name: parent, Usage: groupUsage[parent], HideHelpCommand: true}
+			groups[parent] = g
+			app.Commands = append(app.Commands, g)
+		}
+		g.Subcommands = append(g.Subcommands, cmd)
+	}
+	return app
+}
+
+var groupUsage = map[string]string{
+	"host": "build, check and tear down the host's isolation stack",
+}
+
+// render turns one row into a urfave command whose action runs the preconditions, then the row.
+func render(env *Env, row Command) *cli.Command {
+	flags := append([]cli.Flag{}, row.Flags...)
+	if row.Has(NeedsDaemon) {
+		flags = append(flags, remoteFlag)
+	}
+	usage := strings.Join(row.Args, " ")
+	if row.Variadic != "" {
+		usage = strings.TrimSpace(usage + " [--] " + row.Variadic)
+	}
+	if row.Synopsis != "" {
+		usage = strings.TrimSpace(usage + " " + row.Synopsis)
+	}
+	return &cli.Command{
+		Name:         row.Name,
+		Usage:        row.Summary,
+		ArgsUsage:    usage,
+		Flags:        flags,
+		OnUsageError: func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%s: %v", row.Name, err) },
+		Action: func(c *cli.Context) error {
+			ctx := &Ctx{Context: c, Env: env, Cmd: row, Args: c.Args().Slice()}
+			if err := runPreconditions(ctx); err != nil {
+				return err
+			}
+			return row.Action(ctx)
+		},
+	}
+}
+
+var remoteFlag = &cli.StringFlag{Name: "remote", Usage: "Incus remote (from the incus CLI's config)", Value: ""}
+
+// runPreconditions checks a row's preconditions in the fixed order, before any action.
+func runPreconditions(c *Ctx) error {
+	row := c.Cmd
+	for _, p := range preconditionOrder {
+		if !row.Has(p) {
+			continue
+		}
+		switch p {
+		case NeedsArgs:
+			if len(c.Args) < len(row.Args) {
+				return boxcore.Usagef("%s: missing %s (usage: claudebox %s %s)", row.Name,
+					strings.Join(row.Args[len(c.Args):], " "), row.Name, strings.Join(row.Args, " "))
+			}
+			if row.Variadic == "" && len(c.Args) > len(row.Args) {
+				return boxcore.Usagef("%s: unexpected argument %q (usage: claudebox %s %s)", row.Name,
+					c.Args[len(row.Args)], row.Name, strings.Join(row.Args, " "))
+			}
+		case NeedsRoot:
+			if err := boxcore.RequireRoot(); err != nil {
+				return err
+			}
+		case NeedsDaemon:
+			cl, err := incus.Connect(c.Context.Context, c.String("remote"))
+			if err != nil {
+				var ur *incus.UnknownRemoteError
+				if errors.As(err, &ur) {
+					return boxcore.Usagef("%v", err)
+				}
+				return err
+			}
+			c.Client = cl
+		case NeedsBox:
+			box, err := boxcore.Resolve(c.Context.Context, c.Client, c.Args[0])
+			if err != nil {
+				return err
+			}
+			c.Box = box
+		case NeedsStopped:
+			if c.Box.Running() {
+				return boxcore.Usagef("box '%s' is running — stop it first: claudebox stop %s", c.Box.Name, c.Box.Name)
+			}
+		case Confirms:
+			name := ""
+			if c.Box != nil {
+				name = c.Box.Name
+			}
+			if err := c.confirm(fmt.Sprintf(row.Prompt, name)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// confirm asks on a terminal; without one it needs the row's confirm flag. Never a silent yes.
+func (c *Ctx) confirm(question string) error {
+	if c.Bool(c.Cmd.ConfirmFlag) {
+		return nil
+	}
+	if !c.Env.Terminal {
+		return boxcore.Usagef("%s: no terminal to confirm on: pass --%s to go ahead", c.Cmd.Name, c.Cmd.ConfirmFlag)
+	}
+	fmt.Fprintf(c.Env.Stderr, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(c.Env.Stdin).ReadString('\n')
+	if a := strings.ToLower(strings.TrimSpace(line)); a == "y" || a == "yes" {
+		return nil
+	}
+	return boxcore.Usagef("%s: not confirmed; nothing changed", c.Cmd.Name)
+}

@@ -1,0 +1,5 @@
+package cli
+
+func boxCommands() []Command {
+	return nil
+}

@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/claudebox/claudebox/boxcore"
+)
+
+func hostCommands() []Command {
+	return []Command{
+		{
+			Name:        "host init",
+			Synopsis:    "[--subnet A.B.C.0/24] [--dns host|IP[,IP...]] [--yes]",
+			Summary:     "create or repair the isolation stack: network, ACL, profile, firewall",
+			Pre:         []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+			Prompt:      "Apply these changes to the host?",
+			ConfirmFlag: "yes",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "subnet", Usage: "the bridge's IPv4 /24 (default: keep the current one, or pick a free one)"},
+				&cli.StringFlag{Name: "dns", Usage: "upstream resolvers for the boxes: 'host' (this host's) or IP[,IP...] (default: keep, or 1.1.1.1,9.9.9.9)"},
+				&cli.BoolFlag{Name: "yes", Usage: "apply without asking"},
+			},
+			Action: hostInit,
+		},
+		{
+			Name:     "host check",
+			Synopsis: "[--format table|json]",
+			Summary:  "read back every layer (Incus and the kernel) and compare; exit 1 on drift",
+			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+			Flags:    []cli.Flag{formatFlag("table", "json")},
+			Action:   hostCheck,
+		},
+		{
+			Name:        "host teardown",
+			Synopsis:    "[--yes] [--force]",
+			Summary:     "remove the isolation stack (refuses while boxes use it unless --force)",
+			Pre:         []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+			Prompt:      "Remove these from the host?",
+			ConfirmFlag: "yes",
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "yes", Usage: "remove without asking"},
+				&cli.BoolFlag{Name: "force", Usage: "tear down even though boxes use the stack (they lose their network)"},
+			},
+			Action: hostTeardown,
+		},
+		{
+			Name:     "host firewall",
+			Synopsis: "[--network NAME]",
+			Summary:  "re-apply only the nftables rules (what the boot unit runs)",
+			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+			Flags:    []cli.Flag{&cli.StringFlag{Name: "network", Usage: "the bridge (default: the stack's)"}},
+			Action: func(c *Ctx) error {
+				s := c.Env.Stack
+				if n := c.String("network"); n != "" {
+					s.Network = n
+				}
+				changed, err := boxcore.NewHost(c.Client, s).ApplyFirewall(c.Context.Context)
+				if err != nil {
+					return err
+				}
+				c.Out("%s", map[bool]string{true: "firewall re-applied (it had drifted)", false: "no changes"}[changed])
+				return nil
+			},
+		},
+	}
+}
+
+func hostInit(c *Ctx) error {
+	h := boxcore.NewHost(c.Client, c.Env.Stack)
+	plan, err := h.PlanInit(c.Context.Context, boxcore.InitOptions{Subnet: c.String("subnet"), DNS: c.String("dns")})
+	if err != nil {
+		return err
+	}
+	if len(plan.Changes) > 0 && !c.Bool("yes") {
+		for _, ch := range plan.Changes {
+			c.Warn("  %s", ch)
+		}
+		if err := c.confirm(c.Cmd.Prompt); err != nil {
+			return err
+		}
+	}
+	changes, err := h.ApplyInit(c.Context.Context, plan)
+	if err != nil {
+		return err
+	}
+	if len(changes) == 0 {
+		c.Out("no changes (%s on %s, upstream DNS %v)", c.Env.Stack.Network, plan.Gateway, plan.Upstreams)
+		return nil
+	}
+	for _, ch := range changes {
+		c.Out("%s", ch)
+	}
+	return nil
+}
+
+func hostCheck(c *Ctx) error {
+	format, err := checkFormat(c, "table", "json")
+	if err != nil {
+		return err
+	}
+	r, err := boxcore.NewHost(c.Client, c.Env.Stack).Check(c.Context.Context)
+	if err != nil {
+		return err
+	}
+	if format == "json" {
+		enc := json.NewEncoder(c.Env.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(c.Env.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "LAYER\tITEM\tEXPECTED\tACTUAL\t")
+		for _, row := range r.Rows {
+			mark := ""
+			if !row.OK {
+				mark = "DRIFT"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", row.Layer, row.Item, row.Expected, row.Actual, mark)
+		}
+		tw.Flush()
+	}
+	if !r.OK {
+		n := len(r.Drift())
+		c.Warn("drift: %d item(s) differ; 'claudebox host init' repairs them", n)
+		return exitError{1}
+	}
+	if format != "json" {
+		c.Out("ok: the stack is as declared")
+	}
+	return nil
+}
+
+func hostTeardown(c *Ctx) error {
+	h := boxcore.NewHost(c.Client, c.Env.Stack)
+	plan, err := h.PlanTeardown(c.Context.Context, c.Bool("force"))
+	if err != nil {
+		return err
+	}
+	if len(plan.Objects) == 0 && len(plan.Boxes) == 0 {
+		if _, err := h.ApplyTeardown(c.Context.Context, plan); err != nil { // stray nft tables, unit
+			return err
+		}
+		c.Out("nothing to remove")
+		return nil
+	}
+	if !c.Bool("yes") {
+		for _, o := range plan.Objects {
+			c.Warn("  %s", o)
+		}
+		if len(plan.Boxes) > 0 {
+			c.Warn("  %d box(es) lose their network: %v", len(plan.Boxes), plan.Boxes)
+		}
+		if err := c.confirm(c.Cmd.Prompt); err != nil {
+			return err
+		}
+	}
+	done, err := h.ApplyTeardown(c.Context.Context, plan)
+	for _, ch := range done {
+		c.Out("%s", ch)
+	}
+	if err != nil {
+		return err
+	}
+	if len(plan.Boxes) > 0 {
+		c.Warn("%d box(es) lost their network: %v", len(plan.Boxes), plan.Boxes)
+	}
+	return nil
+}
+
+// formatFlag is the --format flag with its allowed values, first is the default.
+func formatFlag(values ...string) cli.Flag {
+	return &cli.StringFlag{Name: "format", Value: values[0], Usage: "output format: " + fmt.Sprint(values)}
+}
+
+func checkFormat(c *Ctx, allowed ...string) (string, error) {
+	f := c.String("format")
+	for _, a := range allowed {
+		if f == a {
+			return f, nil
+		}
+	}
+	return "", boxcore.Usagef("%s: unknown --format %q (one of %v)", c.Cmd.Name, f, allowed)
+}

@@ -1,0 +1,64 @@
+// Package cli is claudebox's command line: one table of commands, rendered into urfave/cli.
+// It parses, asks and prints; everything that touches Incus or the kernel lives in boxcore.
+package cli
+
+import "github.com/urfave/cli/v2"
+
+// Precondition is a check a command needs before its action runs. They run in one place
+// (runPreconditions), always in the order of this list, whatever order a row names them in.
+type Precondition int
+
+const (
+	// NeedsArgs: the row's Args must all be present (and no more than those unless Variadic).
+	NeedsArgs Precondition = iota
+	// NeedsRoot: the command changes the host.
+	NeedsRoot
+	// NeedsDaemon: connect to Incus (honouring --remote) before acting.
+	NeedsDaemon
+	// NeedsBox: the first argument names a box; it is resolved and tag-checked.
+	NeedsBox
+	// NeedsStopped: the box must be stopped.
+	NeedsStopped
+	// Confirms: asks the row's Prompt on a terminal; with no terminal it needs --force/--yes.
+	Confirms
+)
+
+var preconditionOrder = []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon, NeedsBox, NeedsStopped, Confirms}
+
+func (p Precondition) String() string {
+	return [...]string{"needs-args", "needs-root", "needs-daemon", "needs-box", "needs-stopped", "confirms"}[p]
+}
+
+// Command is one row of the table: everything that exists, its help, and what runs.
+type Command struct {
+	Name     string // "list", or "host init" for a subcommand
+	Args     []string
+	Variadic string // name of trailing repeated args, e.g. "CMD..."
+	Synopsis string // flags as shown in help; every --flag named here must exist
+	Summary  string
+	Flags    []cli.Flag
+	Pre      []Precondition
+	Prompt   string // the Confirms question; %s is the box name
+	// ConfirmFlag is the flag that answers the prompt without a terminal ("force" or "yes").
+	ConfirmFlag string
+	Action      func(*Ctx) error
+}
+
+// Has reports whether a row names a precondition.
+func (c Command) Has(p Precondition) bool {
+	for _, q := range c.Pre {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// Commands is the table. Help and dispatch are both rendered from it.
+func Commands() []Command {
+	cmds := []Command{}
+	cmds = append(cmds, boxCommands()...)
+	cmds = append(cmds, hostCommands()...)
+	cmds = append(cmds, miscCommands()...)
+	return cmds
+}

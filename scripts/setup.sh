@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Prepare this machine for claudebox: Incus from Debian's packages, a running daemon, a storage pool.
+# Idempotent: on a ready machine it only asks the daemon two questions and exits.
+#
+# Env: CLAUDEBOX_INCUS_LOG  where the daemon's log goes when we start it ourselves
+#                           (no systemd as PID 1). Default /var/log/incus/claudebox-incusd.log.
+set -euo pipefail
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || { printf 'setup: must run as root (try: sudo make setup)\n' >&2; exit 2; }
+
+incus_log=${CLAUDEBOX_INCUS_LOG:-/var/log/incus/claudebox-incusd.log}
+
+# VMs need both KVM and vhost-vsock (the Incus agent talks over vsock); without them the daemon
+# reports the VM driver "not operational", so qemu would be dead weight.
+vm_capable() { [ -c /dev/kvm ] && [ -c /dev/vhost-vsock ]; }
+
+have_backports_source() {
+	grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null
+}
+
+add_backports_source() {
+	local src=/etc/apt/sources.list.d/debian.sources uris signed
+	[ -f "$src" ] || die "no $src to copy the mirror from; add bookworm-backports to apt by hand"
+	uris=$(awk '/^URIs:/ && /debian\/?$/ {print; exit}' "$src")
+	[ -n "$uris" ] || uris=$(awk '/^URIs:/ {print; exit}' "$src")
+	signed=$(awk '/^Signed-By:/ {print; exit}' "$src")
+	log "adding bookworm-backports (Incus is there, not in bookworm main)"
+	printf 'Types: deb\n%s\nSuites: bookworm-backports\nComponents: main\n%s\n' "$uris" "$signed" \
+		>/etc/apt/sources.list.d/claudebox-backports.sources
+}
+
+install_incus() {
+	local codename pkgs
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	pkgs="incus-base"
+	vm_capable && pkgs="incus"
+	if [ "$codename" = bookworm ]; then
+		have_backports_source || add_backports_source
+		log "installing $pkgs from bookworm-backports"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 >/dev/null
+	else
+		log "installing $pkgs from $codename"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 >/dev/null
+	fi
+}
+
+daemon_answers() { incus query /1.0 >/dev/null 2>&1; }
+
+start_daemon() {
+	if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then
+		log "starting incus with systemd"
+		systemctl enable --now incus.socket incus.service >/dev/null
+	else
+		# No systemd as PID 1 (containers, CI sandboxes): run the daemon ourselves, detached.
+		local bin=/usr/libexec/incus/incusd
+		[ -x "$bin" ] || bin=$(command -v incusd || true)
+		[ -n "$bin" ] || die "incusd not found after install"
+		mkdir -p "$(dirname "$incus_log")"
+		log "starting $bin in the background (log: $incus_log)"
+		setsid "$bin" --group root >>"$incus_log" 2>&1 </dev/null &
+	fi
+	incus admin waitready --timeout 60 || die "the Incus daemon did not become ready; see $incus_log"
+}
+
+ensure_storage_pool() {
+	if [ -z "$(incus storage list --format csv 2>/dev/null)" ]; then
+		log "creating storage pool 'default' (dir)"
+		incus storage create default dir >/dev/null
+	fi
+}
+
+command -v incus >/dev/null 2>&1 && { [ -x /usr/libexec/incus/incusd ] || command -v incusd >/dev/null; } || install_incus
+command -v nft >/dev/null 2>&1 && command -v dnsmasq >/dev/null 2>&1 || install_incus
+daemon_answers || start_daemon
+ensure_storage_pool
+log "ready: Incus $(incus query /1.0 | sed -n 's/.*"server_version": *"\([^"]*\)".*/\1/p' | head -n1)"
