@@ -1,0 +1,461 @@
+package firewall
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// All kernel access happens in the network namespace of the calling OS
+// thread (sockets are opened per call), so a caller that has locked its
+// goroutine to a thread inside another namespace acts on that namespace.
+
+// Observed is what the kernel holds for one bridge's tables.
+type Observed struct {
+	Bridge string
+	Tables []TableState // bridge table, then guard table; Present says if it exists
+}
+
+// TableState is one of our tables as read back.
+type TableState struct {
+	Name    string
+	Family  string
+	Present bool
+	Flags   uint32       // table flags; 1 = dormant (all its chains off)
+	Chains  []ChainState // by name
+	Sets    []string     // set names; we own none, so any is foreign
+}
+
+// ChainState is a chain as read back. Regular (non-base) chains have empty
+// Type/Hook/Policy and Base false.
+type ChainState struct {
+	Chain
+	Base  bool
+	Rules []string // each rule rendered like Rule.Summary
+}
+
+// Drift is one difference between desired and observed.
+type Drift struct {
+	What     string // e.g. "table bridge claudebox_claudenet", "rule inet claudebox_claudenet_guard input #3"
+	Expected string
+	Actual   string
+}
+
+func (d Drift) String() string {
+	return fmt.Sprintf("%s: expected %s, actual %s", d.What, d.Expected, d.Actual)
+}
+
+const absent = "absent"
+
+var hookNames = map[nftables.ChainHook]string{
+	0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting", 5: "ingress",
+}
+
+func hookName(h *nftables.ChainHook) string {
+	if h == nil {
+		return ""
+	}
+	if n, ok := hookNames[*h]; ok {
+		return n
+	}
+	return fmt.Sprintf("hook#%d", *h)
+}
+
+func policyName(p *nftables.ChainPolicy) string {
+	switch {
+	case p == nil:
+		return ""
+	case *p == nftables.ChainPolicyAccept:
+		return "accept"
+	case *p == nftables.ChainPolicyDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("policy#%d", *p)
+}
+
+// tableSpecs returns our two tables with the chain each must hold.
+func tableSpecs(bridge string) []Chain {
+	return DesiredChains(Spec{Bridge: bridge})
+}
+
+// Read reads back both tables for bridge over netlink.
+func Read(bridge string) (Observed, error) {
+	if err := validateBridge(bridge); err != nil {
+		return Observed{}, err
+	}
+	var (
+		obs Observed
+		err error
+	)
+	// A dump that races a concurrent ruleset change can fail; the second try
+	// sees a settled generation.
+	for attempt := 0; attempt < 3; attempt++ {
+		obs, err = read(bridge)
+		if err == nil {
+			return obs, nil
+		}
+	}
+	return obs, err
+}
+
+func read(bridge string) (Observed, error) {
+	cc, err := nftables.New()
+	if err != nil {
+		return Observed{}, err
+	}
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return Observed{}, fmt.Errorf("firewall: netlink: %w", err)
+	}
+	defer nl.Close()
+
+	obs := Observed{Bridge: bridge}
+	for _, spec := range tableSpecs(bridge) {
+		fam := familyByte(spec.Family)
+		ts := TableState{Name: spec.Table, Family: spec.Family}
+		tables, err := cc.ListTablesOfFamily(fam)
+		if err != nil {
+			return obs, fmt.Errorf("firewall: list %s tables: %w", spec.Family, err)
+		}
+		var t *nftables.Table
+		for _, x := range tables {
+			if x.Name == spec.Table && x.Family == fam {
+				t = x
+			}
+		}
+		if t == nil {
+			obs.Tables = append(obs.Tables, ts)
+			continue
+		}
+		ts.Present, ts.Flags = true, t.Flags
+
+		chains, err := cc.ListChainsOfTableFamily(fam)
+		if err != nil {
+			return obs, fmt.Errorf("firewall: list %s chains: %w", spec.Family, err)
+		}
+		for _, c := range chains {
+			if c.Table == nil || c.Table.Name != spec.Table {
+				continue
+			}
+			cs := ChainState{Chain: Chain{Table: spec.Table, Family: spec.Family, Name: c.Name}}
+			if c.Hooknum != nil {
+				cs.Base = true
+				cs.Type, cs.Hook, cs.Policy = string(c.Type), hookName(c.Hooknum), policyName(c.Policy)
+				if c.Priority != nil {
+					cs.Priority = int32(*c.Priority)
+				}
+			}
+			if cs.Rules, err = dumpRules(nl, fam, spec.Table, c.Name); err != nil {
+				return obs, err
+			}
+			ts.Chains = append(ts.Chains, cs)
+		}
+		sort.Slice(ts.Chains, func(i, j int) bool { return ts.Chains[i].Name < ts.Chains[j].Name })
+
+		sets, err := cc.GetSets(t)
+		if err != nil {
+			return obs, fmt.Errorf("firewall: list sets of %s: %w", spec.Table, err)
+		}
+		for _, s := range sets {
+			ts.Sets = append(ts.Sets, s.Name)
+		}
+		sort.Strings(ts.Sets)
+		obs.Tables = append(obs.Tables, ts)
+	}
+	return obs, nil
+}
+
+// dumpRules fetches one chain's rules, in order, rendered.
+func dumpRules(nl *netlink.Conn, fam nftables.TableFamily, table, chain string) ([]string, error) {
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
+		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
+	})
+	if err != nil {
+		return nil, err
+	}
+	newRule := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE)
+	msgs, err := nl.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		// nfgenmsg: family, version, resource id (big endian)
+		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("firewall: dump rules of %s %s: %w", table, chain, err)
+	}
+	var rules []string
+	for _, m := range msgs {
+		if m.Header.Type != newRule || len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		var (
+			raws     []rawExpr
+			userdata []byte
+			tbl, ch  string
+		)
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_TABLE:
+				tbl = ad.String()
+			case unix.NFTA_RULE_CHAIN:
+				ch = ad.String()
+			case unix.NFTA_RULE_EXPRESSIONS:
+				if raws, err = rawFromList(ad.Bytes()); err != nil {
+					return nil, err
+				}
+			case unix.NFTA_RULE_USERDATA:
+				userdata = ad.Bytes()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		if tbl != table || ch != chain {
+			continue // kernels that ignore the dump filter
+		}
+		rules = append(rules, renderRaw(raws, userdata))
+	}
+	return rules, nil
+}
+
+// Check compares the kernel with Desired(s). Empty means converged.
+func Check(s Spec) ([]Drift, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	obs, err := Read(s.Bridge)
+	if err != nil {
+		return nil, err
+	}
+	return diff(s, obs), nil
+}
+
+func tableWhat(t TableState) string { return fmt.Sprintf("table %s %s", t.Family, t.Name) }
+
+// diff lists drift table by table. A missing table is one drift, not one per
+// rule it would have held.
+func diff(s Spec, obs Observed) []Drift {
+	var out []Drift
+	desired := Desired(s)
+	for i, want := range DesiredChains(s) {
+		ts := obs.Tables[i]
+		if !ts.Present {
+			out = append(out, Drift{What: tableWhat(ts), Expected: "present", Actual: absent})
+			continue
+		}
+		if ts.Flags != 0 {
+			out = append(out, Drift{What: tableWhat(ts) + " flags", Expected: "none", Actual: tableFlags(ts.Flags)})
+		}
+		for _, set := range ts.Sets {
+			out = append(out, Drift{What: fmt.Sprintf("set %s %s %s", ts.Family, ts.Name, set), Expected: absent, Actual: "present"})
+		}
+		var got *ChainState
+		for j := range ts.Chains {
+			c := &ts.Chains[j]
+			if c.Name == want.Name {
+				got = c
+				continue
+			}
+			out = append(out, Drift{What: chainWhat(c.Chain), Expected: absent, Actual: chainHeader(*c)})
+		}
+		if got == nil {
+			out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: absent})
+			continue
+		}
+		if h := chainHeader(*got); h != want.Header() {
+			out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: h})
+		}
+		var wantRules []string
+		for _, r := range desired {
+			if r.Table == want.Table && r.Chain == want.Name {
+				wantRules = append(wantRules, r.Summary)
+			}
+		}
+		out = append(out, diffRules(chainWhat(want), wantRules, got.Rules)...)
+	}
+	return out
+}
+
+func chainWhat(c Chain) string { return fmt.Sprintf("chain %s %s %s", c.Family, c.Table, c.Name) }
+
+func chainHeader(c ChainState) string {
+	if !c.Base {
+		return "regular chain"
+	}
+	return c.Header()
+}
+
+func tableFlags(f uint32) string {
+	var out []string
+	if f&unix.NFT_TABLE_F_DORMANT != 0 {
+		out = append(out, "dormant")
+		f &^= unix.NFT_TABLE_F_DORMANT
+	}
+	if f != 0 {
+		out = append(out, fmt.Sprintf("0x%x", f))
+	}
+	return strings.Join(out, ",")
+}
+
+// diffRules reports rules missing from or foreign to a chain, aligning the two
+// lists on their longest common subsequence so one inserted rule is one
+// drift, not a shifted tail. Positions are 1-based in the list they refer to.
+func diffRules(chain string, want, got []string) []Drift {
+	n, m := len(want), len(got)
+	lcs := make([][]int, n+1)
+	for i := range lcs {
+		lcs[i] = make([]int, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			if want[i] == got[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	rule := "rule" + strings.TrimPrefix(chain, "chain")
+	var out []Drift
+	i, j := 0, 0
+	for i < n || j < m {
+		switch {
+		case i < n && j < m && want[i] == got[j]:
+			i, j = i+1, j+1
+		case j < m && (i == n || lcs[i][j+1] >= lcs[i+1][j]):
+			out = append(out, Drift{What: fmt.Sprintf("%s #%d", rule, j+1), Expected: absent, Actual: got[j]})
+			j++
+		default:
+			out = append(out, Drift{What: fmt.Sprintf("%s #%d", rule, i+1), Expected: want[i], Actual: absent})
+			i++
+		}
+	}
+	return out
+}
+
+// Apply converges the kernel to Desired(s) in one atomic netlink batch: it
+// creates what is missing, clears a dormant flag, and flushes and re-adds
+// every rule of our chains on every run (never "create if missing" only).
+// A table whose structure is foreign (extra chains or sets, or our chain with
+// another type/hook/priority, which the kernel cannot change in place) is
+// deleted and recreated in the same batch. changed reports whether the
+// kernel differed from desired before the run.
+func Apply(s Spec) (changed bool, err error) {
+	if err := s.Validate(); err != nil {
+		return false, err
+	}
+	obs, err := Read(s.Bridge)
+	if err != nil {
+		return false, err
+	}
+	changed = len(diff(s, obs)) > 0
+
+	cc, err := nftables.New()
+	if err != nil {
+		return changed, err
+	}
+	desired := Desired(s)
+	for i, want := range DesiredChains(s) {
+		t := &nftables.Table{Name: want.Table, Family: familyByte(want.Family)}
+		if needsRebuild(obs.Tables[i], want) {
+			cc.DelTable(t)
+		}
+		cc.AddTable(t) // exists: updates flags to 0, waking a dormant table
+		policy := nftables.ChainPolicyAccept
+		hook := nftables.ChainHook(hookNum(want.Hook))
+		ch := cc.AddChain(&nftables.Chain{
+			Name: want.Name, Table: t, Type: nftables.ChainType(want.Type),
+			Hooknum: &hook, Priority: nftables.ChainPriorityRef(nftables.ChainPriority(want.Priority)), Policy: &policy,
+		})
+		cc.FlushChain(ch)
+		for _, r := range desired {
+			if r.Table == want.Table && r.Chain == want.Name {
+				cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
+			}
+		}
+	}
+	if err := cc.Flush(); err != nil {
+		return changed, fmt.Errorf("firewall: apply %s: %w", s.Bridge, err)
+	}
+	// Read back: a renderer or kernel mismatch must surface here, not as a
+	// Check that never comes clean.
+	drift, err := Check(s)
+	if err != nil {
+		return changed, err
+	}
+	if len(drift) > 0 {
+		return changed, fmt.Errorf("firewall: apply %s: still drifted after apply: %v", s.Bridge, drift)
+	}
+	return changed, nil
+}
+
+func hookNum(name string) uint32 {
+	for n, s := range hookNames {
+		if s == name {
+			return uint32(n)
+		}
+	}
+	panic("firewall: unknown hook " + name)
+}
+
+func needsRebuild(ts TableState, want Chain) bool {
+	if !ts.Present {
+		return false
+	}
+	if len(ts.Sets) > 0 {
+		return true
+	}
+	for _, c := range ts.Chains {
+		if c.Name != want.Name {
+			return true
+		}
+		if !c.Base || c.Type != want.Type || c.Hook != want.Hook || c.Priority != want.Priority {
+			return true
+		}
+	}
+	return false
+}
+
+// Remove deletes both tables for bridge. Absent tables are not an error;
+// removed reports whether anything was deleted.
+func Remove(bridge string) (removed bool, err error) {
+	if err := validateBridge(bridge); err != nil {
+		return false, err
+	}
+	obs, err := Read(bridge)
+	if err != nil {
+		return false, err
+	}
+	for _, ts := range obs.Tables {
+		if !ts.Present {
+			continue
+		}
+		cc, err := nftables.New()
+		if err != nil {
+			return removed, err
+		}
+		// One batch per table, so a table deleted by someone else meanwhile
+		// (ENOENT) does not abort the other.
+		cc.DelTable(&nftables.Table{Name: ts.Name, Family: familyByte(ts.Family)})
+		switch err := cc.Flush(); {
+		case err == nil:
+			removed = true
+		case errors.Is(err, unix.ENOENT):
+		default:
+			return removed, fmt.Errorf("firewall: remove %s: %w", tableWhat(ts), err)
+		}
+	}
+	return removed, nil
+}

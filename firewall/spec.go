@@ -1,0 +1,265 @@
+// Package firewall declares claudebox's host nftables rules as data and
+// converges the kernel to them over netlink (github.com/google/nftables; no
+// nft subprocess).
+//
+// For a bridge B with gateway G it owns exactly two tables, both named from B
+// so that several stacks (and parallel tests) coexist:
+//
+//	table bridge claudebox_<B>          chain forward: hook forward, priority -200
+//	                                    (nft's "filter" for the bridge family), policy accept
+//	table inet   claudebox_<B>_guard    chain input:   hook input, priority -1
+//	                                    (nft "filter - 1"), policy accept
+//
+// The bridge table drops every frame switched between two ports of B
+// (box→box). The bridge forward hook fires only on port-to-port frames;
+// traffic to the gateway is delivered locally and never passes it, so boxes
+// lose nothing else. This holds with br_netfilter off as well as on.
+//
+// The inet guard drops everything that enters the host from B except what a
+// box needs: replies (ct established,related), DNS (udp/tcp 53) to G, and
+// DHCP (udp 67) to G or the limited broadcast. Incus's own "inet incus" table
+// hooks input at priority 0 ("filter") and accepts DHCP/DNS/ICMP errors for its
+// bridges; an accept in one base chain does not stop a drop in another, so the
+// guard accepts those itself and runs just before Incus's chain (-1) so that
+// the verdict on box→host traffic is ours first.
+//
+// ICMP to the host (including echo to the gateway) is dropped: the contract is
+// "box→host dropped", boxes do not need to ping the gateway, and ICMP errors
+// about flows the host started still pass as ct related. ARP is not IP and is
+// untouched; IPv6 from B is dropped like everything else (IPv6 is off by
+// contract).
+//
+// Rules are rendered to canonical strings (Rule.Summary) by one renderer that
+// serves both Desired and Read, so "converged" is string equality, and any
+// expression the renderer does not recognise renders as an opaque token that
+// can never equal a desired rule.
+package firewall
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+)
+
+// Spec is what the host firewall is derived from.
+type Spec struct {
+	Bridge  string // Linux bridge name, e.g. "claudenet"
+	Gateway net.IP // the bridge's IPv4 address, e.g. 10.77.12.1
+}
+
+// ifnameRE is stricter than the kernel (which allows almost any byte) but
+// covers Incus network names, and keeps table names valid nft identifiers.
+var ifnameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+// ifnamsiz is IFNAMSIZ: names are at most 15 bytes plus the NUL.
+const ifnamsiz = 16
+
+func validateBridge(b string) error {
+	switch {
+	case b == "":
+		return errors.New("firewall: bridge name is empty")
+	case len(b) > ifnamsiz-1:
+		return fmt.Errorf("firewall: bridge name %q is longer than %d bytes", b, ifnamsiz-1)
+	case !ifnameRE.MatchString(b):
+		return fmt.Errorf("firewall: bridge name %q: want letters, digits, '_', '.', '-'", b)
+	}
+	return nil
+}
+
+// Validate reports whether s can be turned into rules.
+func (s Spec) Validate() error {
+	if err := validateBridge(s.Bridge); err != nil {
+		return err
+	}
+	if s.Gateway == nil {
+		return errors.New("firewall: gateway is empty")
+	}
+	g := s.Gateway.To4()
+	if g == nil {
+		return fmt.Errorf("firewall: gateway %s is not IPv4", s.Gateway)
+	}
+	if g.IsUnspecified() || g.Equal(net.IPv4bcast) || g.IsMulticast() {
+		return fmt.Errorf("firewall: gateway %s is not a unicast address", s.Gateway)
+	}
+	return nil
+}
+
+// Family names as nft spells them.
+const (
+	FamilyBridge = "bridge"
+	FamilyInet   = "inet"
+)
+
+// Chain names and priorities. The bridge family's "filter" priority is -200
+// (NF_BR_PRI_FILTER_BRIDGED); Incus's inet input chains sit at 0.
+const (
+	ForwardChain     = "forward"
+	InputChain       = "input"
+	BridgeFwdPrio    = -200
+	GuardInputPrio   = -1
+	guardTableSuffix = "_guard"
+	tablePrefix      = "claudebox_"
+)
+
+// TableNames returns the tables owned for bridge: the bridge-family table
+// holding the box→box drop and the inet-family table holding the input guard.
+// They live in different families, so no two bridges' names can collide.
+func TableNames(bridge string) (bridgeTable, guardTable string) {
+	return tablePrefix + bridge, tablePrefix + bridge + guardTableSuffix
+}
+
+// Rule is one desired (or observed) rule, as data.
+type Rule struct {
+	Table   string // e.g. claudebox_claudenet
+	Family  string // FamilyBridge or FamilyInet
+	Chain   string // ForwardChain or InputChain
+	Summary string // canonical rendering, equal to what Read renders when converged
+	Why     string // one line: what the rule is for
+
+	exprs []expr.Any
+}
+
+// String renders the rule as "family table chain: summary".
+func (r Rule) String() string {
+	return fmt.Sprintf("%s %s %s: %s", r.Family, r.Table, r.Chain, r.Summary)
+}
+
+// Chain is a desired (or observed) base chain.
+type Chain struct {
+	Table    string
+	Family   string
+	Name     string
+	Type     string // "filter"
+	Hook     string // "forward", "input", ...
+	Priority int32
+	Policy   string // "accept" or "drop"
+}
+
+// Header renders the chain's properties the way Check compares them.
+func (c Chain) Header() string {
+	return fmt.Sprintf("type %s hook %s priority %d policy %s", c.Type, c.Hook, c.Priority, c.Policy)
+}
+
+// DesiredChains returns the base chains the spec needs, in table order.
+func DesiredChains(s Spec) []Chain {
+	bt, gt := TableNames(s.Bridge)
+	return []Chain{
+		{Table: bt, Family: FamilyBridge, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: BridgeFwdPrio, Policy: "accept"},
+		{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
+	}
+}
+
+// Desired returns the rules, in chain order, that Apply installs for s.
+// s is assumed valid (see Validate); an invalid gateway yields no guard rules
+// that could match, never a wider rule.
+func Desired(s Spec) []Rule {
+	bt, gt := TableNames(s.Bridge)
+	g := s.Gateway.To4()
+	if g == nil {
+		g = net.IPv4zero.To4()
+	}
+	br := func(why string, ex ...expr.Any) Rule {
+		return Rule{Table: bt, Family: FamilyBridge, Chain: ForwardChain, Why: why, exprs: ex}
+	}
+	in := func(why string, ex ...expr.Any) Rule {
+		ex = append(ifname(expr.MetaKeyIIFNAME, s.Bridge), ex...)
+		return Rule{Table: gt, Family: FamilyInet, Chain: InputChain, Why: why, exprs: ex}
+	}
+	accept := []expr.Any{verdict(expr.VerdictAccept)}
+	rules := []Rule{
+		br("box→box: drop every frame switched between two ports of the bridge",
+			cat(ifname(expr.MetaKeyBRIIIFNAME, s.Bridge), ifname(expr.MetaKeyBRIOIFNAME, s.Bridge),
+				[]expr.Any{verdict(expr.VerdictDrop)})...),
+		in("replies to connections the host or a box was allowed to open",
+			cat(ctStateEstRel(), accept)...),
+		in("DNS to the gateway's dnsmasq (udp)",
+			cat(ip4Daddr(g), l4Dport(ipprotoUDP, 53), accept)...),
+		in("DNS to the gateway's dnsmasq (tcp)",
+			cat(ip4Daddr(g), l4Dport(ipprotoTCP, 53), accept)...),
+		in("DHCP renew, unicast to the gateway",
+			cat(ip4Daddr(g), l4Dport(ipprotoUDP, 67), accept)...),
+		in("DHCP discover/request/rebind, limited broadcast",
+			cat(ip4Daddr(net.IPv4bcast.To4()), l4Dport(ipprotoUDP, 67), accept)...),
+		in("box→host: everything else from the bridge, every family and protocol (ICMP too)",
+			verdict(expr.VerdictDrop)),
+	}
+	for i := range rules {
+		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
+	}
+	return rules
+}
+
+const (
+	ipprotoTCP  = 6
+	ipprotoUDP  = 17
+	nfprotoIPv4 = 2
+)
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func ifnameBytes(name string) []byte {
+	b := make([]byte, ifnamsiz)
+	copy(b, name)
+	return b
+}
+
+// ifname matches a whole interface name, the way nft compiles `iifname "x"`
+// (IFNAMSIZ bytes, NUL padded; a shorter compare would be a prefix match).
+func ifname(key expr.MetaKey, name string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(name)},
+	}
+}
+
+func ip4Daddr(ip net.IP) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfprotoIPv4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: append([]byte(nil), ip.To4()...)},
+	}
+}
+
+func l4Dport(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(port >> 8), byte(port)}},
+	}
+}
+
+// ctStateEstRel is `ct state established,related`: the state bitmask is in
+// host byte order, as nft emits it.
+func ctStateEstRel() []expr.Any {
+	mask := binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func familyByte(f string) nftables.TableFamily {
+	switch f {
+	case FamilyBridge:
+		return nftables.TableFamilyBridge
+	case FamilyInet:
+		return nftables.TableFamilyINet
+	}
+	return nftables.TableFamilyUnspecified
+}
