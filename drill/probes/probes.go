@@ -1,0 +1,309 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Outcome is what one probe observed. The four values are the drill's vocabulary
+// (DESIGN.md): the engine compares them with the claim's expected outcome.
+type Outcome string
+
+const (
+	// Open: connected, echoed, answered (for DNS: answered with records).
+	Open Outcome = "open"
+	// Refused: something on the path answered "no" (RST, ICMP unreachable, or for
+	// DNS a resolver answer without records): the packet arrived somewhere.
+	Refused Outcome = "refused"
+	// Dropped: silence until the timeout (for ARP/ND: nobody answered who-has).
+	Dropped Outcome = "dropped"
+	// CheckFailed: the probe itself could not run (bad spec, no interface, no
+	// route, socket error). Never a pass.
+	CheckFailed Outcome = "check-failed"
+)
+
+// Probe kinds accepted in Spec.Kind.
+const (
+	KindTCP    = "tcp"
+	KindUDP    = "udp"
+	KindICMP   = "icmp"
+	KindARP    = "arp"
+	KindTCP6LL = "tcp6ll"
+	KindDNS    = "dns"
+	KindHTTP   = "http"
+	KindFacts  = "facts"
+)
+
+// DefaultTimeout applies when Spec.Timeout is zero.
+const DefaultTimeout = 2 * time.Second
+
+// DefaultIface is the box's only NIC under Incus.
+const DefaultIface = "eth0"
+
+// Spec describes one probe as data, so the engine can ship a batch as JSON.
+type Spec struct {
+	// ID is the engine's label for the row; echoed back untouched.
+	ID   string `json:"id,omitempty"`
+	Kind string `json:"kind"`
+	// Target: an IP literal (IPv6 may carry a %zone), or a host name for
+	// tcp/udp/http (resolved first; a failed lookup is check-failed), or a full
+	// http:// URL for http. Unused for dns (see DNS.Server) and facts.
+	Target string `json:"target,omitempty"`
+	Port   int    `json:"port,omitempty"`
+	// Timeout bounds the whole probe. JSON: a Go duration string ("500ms"),
+	// or a number of nanoseconds.
+	Timeout time.Duration `json:"timeout,omitempty"`
+	// Iface binds the probe to an interface (SO_BINDTODEVICE); arp and tcp6ll
+	// default to the route's interface / eth0, facts reports it as "the lease".
+	Iface string    `json:"iface,omitempty"`
+	DNS   *DNSQuery `json:"dns,omitempty"`
+	// Payload: UDP datagram to echo (default: a random token), HTTP path for
+	// http when Target is not a URL.
+	Payload string `json:"payload,omitempty"`
+}
+
+// DNSQuery is the dns probe's question.
+type DNSQuery struct {
+	// Server is "addr" or "addr:port" (port 53 by default); empty means the
+	// first nameserver of /etc/resolv.conf.
+	Server string `json:"server,omitempty"`
+	// Name to ask about; for PTR an IP literal is turned into its reverse name.
+	Name string `json:"name"`
+	// Type is A (default), AAAA or PTR.
+	Type string `json:"type,omitempty"`
+}
+
+// DNSAnswer is what the resolver said, kept apart from Outcome so the engine can
+// require "the resolver actually answered" for a no-answer verdict.
+type DNSAnswer struct {
+	// Answered is true only when a DNS response came back (any rcode).
+	Answered bool `json:"answered"`
+	// Rcode is the response code name (NOERROR, NXDOMAIN, REFUSED, SERVFAIL...).
+	Rcode   string   `json:"rcode,omitempty"`
+	Records []string `json:"records,omitempty"`
+	// Server is the address that was asked.
+	Server string `json:"server,omitempty"`
+}
+
+// Result is one probe's observation.
+type Result struct {
+	Probe   Spec    `json:"probe"`
+	Outcome Outcome `json:"outcome"`
+	// Evidence is human-readable: the error text, the ICMP type, the rcode.
+	Evidence string `json:"evidence,omitempty"`
+	// RTT is the time from first send to the deciding answer (zero when dropped).
+	RTT time.Duration `json:"rtt_ns,omitempty"`
+	// Answer: who answered and what — the peer address (tcp/udp/icmp, or the
+	// router that sent the ICMP error), the MAC (arp), "A 1.2.3.4 ..." (dns),
+	// the status line (http).
+	Answer string `json:"answer,omitempty"`
+	// Local is the local address the probe used, when known.
+	Local string     `json:"local,omitempty"`
+	DNS   *DNSAnswer `json:"dns_answer,omitempty"`
+	Facts *Facts     `json:"facts,omitempty"`
+	// Started is when the probe began (UTC) and Elapsed how long it ran.
+	Started time.Time     `json:"started"`
+	Elapsed time.Duration `json:"elapsed_ns"`
+}
+
+type specAlias Spec
+
+// MarshalJSON writes Timeout as a duration string so hand-written and
+// machine-written specs look alike.
+func (s Spec) MarshalJSON() ([]byte, error) {
+	var t string
+	if s.Timeout != 0 {
+		t = s.Timeout.String()
+	}
+	return json.Marshal(struct {
+		specAlias
+		Timeout string `json:"timeout,omitempty"`
+	}{specAlias(s), t})
+}
+
+// UnmarshalJSON accepts Timeout as a duration string or nanoseconds and
+// rejects unknown fields, so a typo in the engine fails loudly instead of
+// silently probing the wrong thing.
+func (s *Spec) UnmarshalJSON(b []byte) error {
+	aux := struct {
+		*specAlias
+		Timeout json.RawMessage `json:"timeout,omitempty"`
+	}{specAlias: (*specAlias)(s)}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&aux); err != nil {
+		return err
+	}
+	s.Timeout = 0
+	raw := bytes.TrimSpace(aux.Timeout)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+	case raw[0] == '"':
+		var str string
+		if err := json.Unmarshal(raw, &str); err != nil {
+			return err
+		}
+		if str != "" {
+			d, err := time.ParseDuration(str)
+			if err != nil {
+				return fmt.Errorf("timeout: %w", err)
+			}
+			s.Timeout = d
+		}
+	default:
+		var n int64
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return fmt.Errorf("timeout: want a duration string or nanoseconds: %w", err)
+		}
+		s.Timeout = time.Duration(n)
+	}
+	return nil
+}
+
+// Validate reports a spec the engine should never have built.
+func (s Spec) Validate() error {
+	if s.Timeout < 0 || (s.Timeout != 0 && s.Timeout < time.Millisecond) {
+		return fmt.Errorf("timeout %v: want >= 1ms (a JSON number is nanoseconds)", s.Timeout)
+	}
+	needPort := func() error {
+		if s.Port < 1 || s.Port > 65535 {
+			return fmt.Errorf("%s probe: port %d out of range", s.Kind, s.Port)
+		}
+		return nil
+	}
+	needTarget := func() error {
+		if s.Target == "" {
+			return fmt.Errorf("%s probe: target is empty", s.Kind)
+		}
+		return nil
+	}
+	switch s.Kind {
+	case KindTCP, KindUDP, KindTCP6LL:
+		if err := needTarget(); err != nil {
+			return err
+		}
+		return needPort()
+	case KindICMP, KindARP:
+		return needTarget()
+	case KindHTTP:
+		if err := needTarget(); err != nil {
+			return err
+		}
+		if strings.Contains(s.Target, "://") {
+			return nil
+		}
+		return needPort()
+	case KindDNS:
+		if s.DNS == nil || s.DNS.Name == "" {
+			return errors.New("dns probe: dns.name is empty")
+		}
+		switch strings.ToUpper(s.DNS.Type) {
+		case "", "A", "AAAA", "PTR":
+		default:
+			return fmt.Errorf("dns probe: type %q: want A, AAAA or PTR", s.DNS.Type)
+		}
+		return nil
+	case KindFacts:
+		return nil
+	case "":
+		return errors.New("probe kind is empty")
+	default:
+		return fmt.Errorf("unknown probe kind %q (want tcp, udp, icmp, arp, tcp6ll, dns, http, facts)", s.Kind)
+	}
+}
+
+func (s Spec) withDefaults() Spec {
+	if s.Timeout == 0 {
+		s.Timeout = DefaultTimeout
+	}
+	return s
+}
+
+// Run executes one probe and never panics or returns an error: anything that
+// stops the probe from running is a CheckFailed result with the reason.
+func Run(ctx context.Context, s Spec) (r Result) {
+	s = s.withDefaults()
+	r = Result{Probe: s, Started: time.Now().UTC()}
+	defer func() {
+		if p := recover(); p != nil {
+			r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("probe panicked: %v", p)
+		}
+		r.Elapsed = time.Since(r.Started)
+	}()
+	if err := s.Validate(); err != nil {
+		r.Outcome, r.Evidence = CheckFailed, err.Error()
+		return r
+	}
+	if err := ctx.Err(); err != nil {
+		r.Outcome, r.Evidence = CheckFailed, "not started: "+err.Error()
+		return r
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	defer cancel()
+	switch s.Kind {
+	case KindTCP:
+		probeTCP(ctx, s, &r)
+	case KindTCP6LL:
+		probeTCP6LL(ctx, s, &r)
+	case KindUDP:
+		probeUDP(ctx, s, &r)
+	case KindICMP:
+		probeICMP(ctx, s, &r)
+	case KindARP:
+		probeARP(ctx, s, &r)
+	case KindDNS:
+		probeDNS(ctx, s, &r)
+	case KindHTTP:
+		probeHTTP(ctx, s, &r)
+	case KindFacts:
+		probeFacts(s, &r)
+	}
+	return r
+}
+
+// RunMany runs every spec concurrently, so all of them share one timeout window
+// (the batch takes about as long as its slowest probe). Results keep the
+// order of specs.
+func RunMany(ctx context.Context, specs []Spec) []Result {
+	out := make([]Result, len(specs))
+	var wg sync.WaitGroup
+	for i := range specs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = Run(ctx, specs[i])
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// resolveTarget turns Target into one address. Host names are looked up first,
+// within the probe's deadline, and a failed lookup is the probe's own failure
+// (check-failed), never "dropped".
+func resolveTarget(ctx context.Context, target string, want4 bool) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(target); err == nil {
+		return a.Unmap(), nil
+	}
+	if strings.ContainsAny(target, ":%/") {
+		return netip.Addr{}, fmt.Errorf("target %q is not an IP address or host name", target)
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", target)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("resolving %q: %w", target, err)
+	}
+	for _, a := range addrs {
+		if !want4 || a.Unmap().Is4() {
+			return a.Unmap(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("resolving %q: no usable address in %v", target, addrs)
+}
