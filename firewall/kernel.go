@@ -1,12 +1,16 @@
 package firewall
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -78,9 +82,48 @@ func policyName(p *nftables.ChainPolicy) string {
 	return fmt.Sprintf("policy#%d", *p)
 }
 
-// tableSpecs returns our two tables with the chain each must hold.
-func tableSpecs(bridge string) []Chain {
-	return DesiredChains(Spec{Bridge: bridge})
+// ourTables lists our tables as (family, name), bridge table first.
+func ourTables(bridge string) []Chain {
+	bt, gt := TableNames(bridge)
+	return []Chain{{Table: bt, Family: FamilyBridge}, {Table: gt, Family: FamilyInet}}
+}
+
+// chainsOf returns the desired chains of one table.
+func chainsOf(s Spec, table string) []Chain {
+	var out []Chain
+	for _, c := range DesiredChains(s) {
+		if c.Table == table {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+var bridgeMeta struct {
+	once sync.Once
+	ok   bool
+}
+
+// BridgeMetaSupported reports whether the kernel accepts `meta ibrname`
+// (nft_meta_bridge). It asks once per process with a batch that adds a
+// scratch table holding such a rule and deletes it again: the kernel
+// validates the rule either way, and nothing outlives the batch.
+func BridgeMetaSupported() bool {
+	bridgeMeta.once.Do(func() {
+		cc, err := nftables.New()
+		if err != nil {
+			return
+		}
+		t := &nftables.Table{Name: fmt.Sprintf("claudebox_probe_%d", os.Getpid()), Family: nftables.TableFamilyBridge}
+		cc.AddTable(t)
+		hook := nftables.ChainHook(hookNum("forward"))
+		ch := cc.AddChain(&nftables.Chain{Name: "p", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: &hook, Priority: nftables.ChainPriorityRef(BridgeFwdPrio)})
+		cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ifname(expr.MetaKeyBRIIIFNAME, "probe")})
+		cc.DelTable(t)
+		bridgeMeta.ok = cc.Flush() == nil
+	})
+	return bridgeMeta.ok
 }
 
 // Read reads back both tables for bridge over netlink.
@@ -115,24 +158,19 @@ func read(bridge string) (Observed, error) {
 	defer nl.Close()
 
 	obs := Observed{Bridge: bridge}
-	for _, spec := range tableSpecs(bridge) {
+	for _, spec := range ourTables(bridge) {
 		fam := familyByte(spec.Family)
 		ts := TableState{Name: spec.Table, Family: spec.Family}
-		tables, err := cc.ListTablesOfFamily(fam)
+		flags, present, err := tableFlagsOf(nl, fam, spec.Table)
 		if err != nil {
-			return obs, fmt.Errorf("firewall: list %s tables: %w", spec.Family, err)
+			return obs, err
 		}
-		var t *nftables.Table
-		for _, x := range tables {
-			if x.Name == spec.Table && x.Family == fam {
-				t = x
-			}
-		}
-		if t == nil {
+		if !present {
 			obs.Tables = append(obs.Tables, ts)
 			continue
 		}
-		ts.Present, ts.Flags = true, t.Flags
+		ts.Present, ts.Flags = true, flags
+		t := &nftables.Table{Name: spec.Table, Family: fam}
 
 		chains, err := cc.ListChainsOfTableFamily(fam)
 		if err != nil {
@@ -168,6 +206,50 @@ func read(bridge string) (Observed, error) {
 		obs.Tables = append(obs.Tables, ts)
 	}
 	return obs, nil
+}
+
+// tableFlagsOf finds a table by dumping the family's tables. (The library's
+// table listing decodes NFTA_TABLE_FLAGS in host byte order, so a dormant
+// table would read as flags 0x1000000 on x86.)
+func tableFlagsOf(nl *netlink.Conn, fam nftables.TableFamily, name string) (flags uint32, present bool, err error) {
+	msgs, err := nl.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: []byte{byte(fam), unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("firewall: list tables: %w", err)
+	}
+	newTable := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWTABLE)
+	for _, m := range msgs {
+		if m.Header.Type != newTable || len(m.Data) < 4 || nftables.TableFamily(m.Data[0]) != fam {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, false, err
+		}
+		ad.ByteOrder = binary.BigEndian
+		var n string
+		var f uint32
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_NAME:
+				n = ad.String()
+			case unix.NFTA_TABLE_FLAGS:
+				f = ad.Uint32()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return 0, false, err
+		}
+		if n == name {
+			return f, true, nil
+		}
+	}
+	return 0, false, nil
 }
 
 // dumpRules fetches one chain's rules, in order, rendered.
@@ -248,9 +330,9 @@ func tableWhat(t TableState) string { return fmt.Sprintf("table %s %s", t.Family
 // rule it would have held.
 func diff(s Spec, obs Observed) []Drift {
 	var out []Drift
+	s = s.Resolved()
 	desired := Desired(s)
-	for i, want := range DesiredChains(s) {
-		ts := obs.Tables[i]
+	for _, ts := range obs.Tables {
 		if !ts.Present {
 			out = append(out, Drift{What: tableWhat(ts), Expected: "present", Actual: absent})
 			continue
@@ -261,31 +343,49 @@ func diff(s Spec, obs Observed) []Drift {
 		for _, set := range ts.Sets {
 			out = append(out, Drift{What: fmt.Sprintf("set %s %s %s", ts.Family, ts.Name, set), Expected: absent, Actual: "present"})
 		}
-		var got *ChainState
-		for j := range ts.Chains {
-			c := &ts.Chains[j]
-			if c.Name == want.Name {
-				got = c
+		wants := chainsOf(s, ts.Name)
+		for _, c := range ts.Chains {
+			if !hasChain(wants, c.Name) {
+				out = append(out, Drift{What: chainWhat(c.Chain), Expected: absent, Actual: chainHeader(c)})
+			}
+		}
+		for _, want := range wants {
+			got := findChain(ts.Chains, want.Name)
+			if got == nil {
+				out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: absent})
 				continue
 			}
-			out = append(out, Drift{What: chainWhat(c.Chain), Expected: absent, Actual: chainHeader(*c)})
-		}
-		if got == nil {
-			out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: absent})
-			continue
-		}
-		if h := chainHeader(*got); h != want.Header() {
-			out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: h})
-		}
-		var wantRules []string
-		for _, r := range desired {
-			if r.Table == want.Table && r.Chain == want.Name {
-				wantRules = append(wantRules, r.Summary)
+			if h := chainHeader(*got); h != want.Header() {
+				out = append(out, Drift{What: chainWhat(want), Expected: want.Header(), Actual: h})
 			}
+			var wantRules []string
+			for _, r := range desired {
+				if r.Table == want.Table && r.Chain == want.Name {
+					wantRules = append(wantRules, r.Summary)
+				}
+			}
+			out = append(out, diffRules(chainWhat(want), wantRules, got.Rules)...)
 		}
-		out = append(out, diffRules(chainWhat(want), wantRules, got.Rules)...)
 	}
 	return out
+}
+
+func hasChain(cs []Chain, name string) bool {
+	for _, c := range cs {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func findChain(cs []ChainState, name string) *ChainState {
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	return nil
 }
 
 func chainWhat(c Chain) string { return fmt.Sprintf("chain %s %s %s", c.Family, c.Table, c.Name) }
@@ -366,23 +466,27 @@ func Apply(s Spec) (changed bool, err error) {
 	if err != nil {
 		return changed, err
 	}
+	s = s.Resolved()
 	desired := Desired(s)
-	for i, want := range DesiredChains(s) {
-		t := &nftables.Table{Name: want.Table, Family: familyByte(want.Family)}
-		if needsRebuild(obs.Tables[i], want) {
+	for _, ts := range obs.Tables {
+		t := &nftables.Table{Name: ts.Name, Family: familyByte(ts.Family)}
+		wants := chainsOf(s, ts.Name)
+		if needsRebuild(ts, wants) {
 			cc.DelTable(t)
 		}
 		cc.AddTable(t) // exists: updates flags to 0, waking a dormant table
-		policy := nftables.ChainPolicyAccept
-		hook := nftables.ChainHook(hookNum(want.Hook))
-		ch := cc.AddChain(&nftables.Chain{
-			Name: want.Name, Table: t, Type: nftables.ChainType(want.Type),
-			Hooknum: &hook, Priority: nftables.ChainPriorityRef(nftables.ChainPriority(want.Priority)), Policy: &policy,
-		})
-		cc.FlushChain(ch)
-		for _, r := range desired {
-			if r.Table == want.Table && r.Chain == want.Name {
-				cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
+		for _, want := range wants {
+			policy := nftables.ChainPolicyAccept
+			hook := nftables.ChainHook(hookNum(want.Hook))
+			ch := cc.AddChain(&nftables.Chain{
+				Name: want.Name, Table: t, Type: nftables.ChainType(want.Type),
+				Hooknum: &hook, Priority: nftables.ChainPriorityRef(nftables.ChainPriority(want.Priority)), Policy: &policy,
+			})
+			cc.FlushChain(ch)
+			for _, r := range desired {
+				if r.Table == want.Table && r.Chain == want.Name {
+					cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
+				}
 			}
 		}
 	}
@@ -410,7 +514,7 @@ func hookNum(name string) uint32 {
 	panic("firewall: unknown hook " + name)
 }
 
-func needsRebuild(ts TableState, want Chain) bool {
+func needsRebuild(ts TableState, wants []Chain) bool {
 	if !ts.Present {
 		return false
 	}
@@ -418,10 +522,13 @@ func needsRebuild(ts TableState, want Chain) bool {
 		return true
 	}
 	for _, c := range ts.Chains {
-		if c.Name != want.Name {
-			return true
+		var want *Chain
+		for i := range wants {
+			if wants[i].Name == c.Name {
+				want = &wants[i]
+			}
 		}
-		if !c.Base || c.Type != want.Type || c.Hook != want.Hook || c.Priority != want.Priority {
+		if want == nil || !c.Base || c.Type != want.Type || c.Hook != want.Hook || c.Priority != want.Priority {
 			return true
 		}
 	}

@@ -125,6 +125,14 @@ func nftErr(ns netns.NsHandle, args ...string) (string, error) {
 	return string(out), err
 }
 
+// nftStdin feeds script to `nft -f -` inside ns.
+func nftStdin(ns netns.NsHandle, script string) (string, error) {
+	cmd := exec.Command("nsenter", "--net="+nsPath(ns), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 func requireNft(tb testing.TB) {
 	tb.Helper()
 	for _, bin := range []string{"nft", "nsenter"} {

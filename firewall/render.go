@@ -106,6 +106,7 @@ const (
 	kindIPv4
 	kindPort
 	kindCtState
+	kindEthertype
 )
 
 // regVal is what a register holds: a label for the source, how to format
@@ -234,6 +235,8 @@ func (r *renderer) meta(b []byte) bool {
 		v.label, v.kind, v.width = "meta nfproto", kindNfproto, 1
 	case expr.MetaKeyL4PROTO:
 		v.label, v.kind, v.width = "meta l4proto", kindL4proto, 1
+	case expr.MetaKeyPROTOCOL:
+		v.label, v.kind, v.width = "meta protocol", kindEthertype, 2
 	default:
 		v.label = fmt.Sprintf("meta key#%d", key)
 	}
@@ -254,20 +257,33 @@ func (r *renderer) payload(b []byte) bool {
 		return false
 	}
 	v := &regVal{width: ln}
-	switch {
-	case expr.PayloadBase(base) == expr.PayloadBaseNetworkHeader && off == 12 && ln == 4:
-		v.label, v.kind = "ip saddr", kindIPv4
-	case expr.PayloadBase(base) == expr.PayloadBaseNetworkHeader && off == 16 && ln == 4:
-		v.label, v.kind = "ip daddr", kindIPv4
-	case expr.PayloadBase(base) == expr.PayloadBaseTransportHeader && off == 0 && ln == 2:
-		v.label, v.kind = "th sport", kindPort
-	case expr.PayloadBase(base) == expr.PayloadBaseTransportHeader && off == 2 && ln == 2:
-		v.label, v.kind = "th dport", kindPort
-	default:
+	type field struct {
+		base     expr.PayloadBase
+		off, len uint32
+	}
+	// Fields we name; IPv4 address fields also name their prefix loads
+	// (nft loads only the prefix bytes of a byte-aligned prefix).
+	addrs := map[field]string{
+		{expr.PayloadBaseNetworkHeader, 12, 4}: "ip saddr",
+		{expr.PayloadBaseNetworkHeader, 16, 4}: "ip daddr",
+		{expr.PayloadBaseNetworkHeader, 14, 4}: "arp saddr ip",
+		{expr.PayloadBaseNetworkHeader, 24, 4}: "arp daddr ip",
+	}
+	others := map[field]*regVal{
+		{expr.PayloadBaseTransportHeader, 0, 2}: {label: "th sport", kind: kindPort, width: 2},
+		{expr.PayloadBaseTransportHeader, 2, 2}: {label: "th dport", kind: kindPort, width: 2},
+		{expr.PayloadBaseLLHeader, 12, 2}:       {label: "ether type", kind: kindEthertype, width: 2},
+	}
+	pb := expr.PayloadBase(base)
+	if name, ok := addrs[field{pb, off, 4}]; ok && ln >= 1 && ln <= 4 {
+		v.label, v.kind = name, kindIPv4
+	} else if o, ok := others[field{pb, off, ln}]; ok {
+		v = o
+	} else {
 		bases := map[expr.PayloadBase]string{
 			expr.PayloadBaseLLHeader: "ll", expr.PayloadBaseNetworkHeader: "nh", expr.PayloadBaseTransportHeader: "th",
 		}
-		bn, ok := bases[expr.PayloadBase(base)]
+		bn, ok := bases[pb]
 		if !ok {
 			bn = fmt.Sprintf("base#%d", base)
 		}
@@ -358,6 +374,12 @@ func (r *renderer) cmp(b []byte) bool {
 		// `ct state a,b` is (state & mask) != 0; anything else is shown raw.
 		if v.kind == kindCtState && expr.CmpOp(op) == expr.CmpOpNeq && isZero(data) && isZero(v.xor) && len(v.mask) == 4 {
 			r.tokens = append(r.tokens, "ct state "+ctStates(binaryutil.NativeEndian.Uint32(v.mask)))
+			return true
+		}
+		// `ip daddr a.b.c.d/n` for a prefix that is not byte-aligned.
+		if ones, bits := net.IPMask(v.mask).Size(); v.kind == kindIPv4 && v.width == 4 && bits == 32 &&
+			expr.CmpOp(op) == expr.CmpOpEq && isZero(v.xor) && len(data) == 4 && net.IP(data).Mask(v.mask).Equal(net.IP(data)) {
+			r.tokens = append(r.tokens, fmt.Sprintf("%s %s/%d", v.label, net.IP(data), ones))
 			return true
 		}
 		r.tokens = append(r.tokens, fmt.Sprintf("%s & 0x%x ^ 0x%x %s0x%x", v.label, v.mask, v.xor, opStr, data))
@@ -477,7 +499,22 @@ func formatValue(v *regVal, data []byte) string {
 		}
 		return fmt.Sprintf("%d", data[0])
 	case kindIPv4:
-		return net.IP(data).String()
+		if len(data) == 4 {
+			return net.IP(data).String()
+		}
+		// A prefix load: the compared bytes are the network.
+		ip := make(net.IP, 4)
+		copy(ip, data)
+		return fmt.Sprintf("%s/%d", ip, 8*len(data))
+	case kindEthertype:
+		switch binary.BigEndian.Uint16(data) {
+		case 0x0800:
+			return "ip"
+		case 0x0806:
+			return "arp"
+		case 0x86dd:
+			return "ip6"
+		}
 	case kindPort:
 		return fmt.Sprintf("%d", binary.BigEndian.Uint16(data))
 	}

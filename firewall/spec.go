@@ -48,8 +48,51 @@ import (
 
 // Spec is what the host firewall is derived from.
 type Spec struct {
-	Bridge  string // Linux bridge name, e.g. "claudenet"
-	Gateway net.IP // the bridge's IPv4 address, e.g. 10.77.12.1
+	Bridge    string // Linux bridge name, e.g. "claudenet"
+	Gateway   net.IP // the bridge's IPv4 address, e.g. 10.77.12.1
+	PrefixLen int    // the bridge subnet's prefix length (L2Subnet only); 0 means 24
+	L2        L2Mode // how box→box frames are recognised; "" = probe the kernel
+}
+
+// L2Mode selects the bridge-family match for box→box frames.
+type L2Mode string
+
+const (
+	// L2Auto uses L2BridgeName when the kernel supports it, else L2Subnet.
+	L2Auto L2Mode = ""
+	// L2BridgeName drops frames whose ingress and egress ports are both on
+	// the bridge (`meta ibrname/obrname`): every protocol, ARP and IPv6
+	// included. Needs nft_meta_bridge (CONFIG_NFT_BRIDGE_META), which some
+	// kernels lack (the 6.18 Firecracker kernel we test on does).
+	L2BridgeName L2Mode = "bridge-name"
+	// L2Subnet drops bridged IPv4 and ARP whose source or destination is in
+	// the bridge's subnet. The bridge family cannot otherwise tell which
+	// bridge a frame crosses; IPv4 in the subnet can only be on this bridge.
+	// It does not see IPv6 (link-local) or other ethertypes between boxes;
+	// the guard's forward chain catches bridged IPv6 while br_netfilter is on,
+	// and port isolation catches everything.
+	L2Subnet L2Mode = "subnet"
+)
+
+// Resolved returns s with L2Auto replaced by what the kernel supports (the
+// probe runs once per process) and PrefixLen defaulted.
+func (s Spec) Resolved() Spec {
+	if s.L2 == L2Auto {
+		s.L2 = L2Subnet
+		if BridgeMetaSupported() {
+			s.L2 = L2BridgeName
+		}
+	}
+	if s.PrefixLen == 0 {
+		s.PrefixLen = 24
+	}
+	return s
+}
+
+// subnet is the bridge's IPv4 network.
+func (s Spec) subnet() *net.IPNet {
+	m := net.CIDRMask(s.PrefixLen, 32)
+	return &net.IPNet{IP: s.Gateway.To4().Mask(m), Mask: m}
 }
 
 // ifnameRE is stricter than the kernel (which allows almost any byte) but
@@ -86,6 +129,14 @@ func (s Spec) Validate() error {
 	if g.IsUnspecified() || g.Equal(net.IPv4bcast) || g.IsMulticast() {
 		return fmt.Errorf("firewall: gateway %s is not a unicast address", s.Gateway)
 	}
+	if s.PrefixLen != 0 && (s.PrefixLen < 8 || s.PrefixLen > 30) {
+		return fmt.Errorf("firewall: prefix length %d: want 8..30", s.PrefixLen)
+	}
+	switch s.L2 {
+	case L2Auto, L2BridgeName, L2Subnet:
+	default:
+		return fmt.Errorf("firewall: unknown L2 mode %q", s.L2)
+	}
 	return nil
 }
 
@@ -102,6 +153,7 @@ const (
 	InputChain       = "input"
 	BridgeFwdPrio    = -200
 	GuardInputPrio   = -1
+	GuardFwdPrio     = -1
 	guardTableSuffix = "_guard"
 	tablePrefix      = "claudebox_"
 )
@@ -150,14 +202,17 @@ func DesiredChains(s Spec) []Chain {
 	bt, gt := TableNames(s.Bridge)
 	return []Chain{
 		{Table: bt, Family: FamilyBridge, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: BridgeFwdPrio, Policy: "accept"},
+		{Table: gt, Family: FamilyInet, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
 		{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
 	}
 }
 
 // Desired returns the rules, in chain order, that Apply installs for s.
 // s is assumed valid (see Validate); an invalid gateway yields no guard rules
-// that could match, never a wider rule.
+// that could match, never a wider rule. With L2Auto the bridge rules depend
+// on the running kernel (see Resolved).
 func Desired(s Spec) []Rule {
+	s = s.Resolved()
 	bt, gt := TableNames(s.Bridge)
 	g := s.Gateway.To4()
 	if g == nil {
@@ -166,15 +221,31 @@ func Desired(s Spec) []Rule {
 	br := func(why string, ex ...expr.Any) Rule {
 		return Rule{Table: bt, Family: FamilyBridge, Chain: ForwardChain, Why: why, exprs: ex}
 	}
+	fwd := func(why string, ex ...expr.Any) Rule {
+		return Rule{Table: gt, Family: FamilyInet, Chain: ForwardChain, Why: why, exprs: ex}
+	}
 	in := func(why string, ex ...expr.Any) Rule {
 		ex = append(ifname(expr.MetaKeyIIFNAME, s.Bridge), ex...)
 		return Rule{Table: gt, Family: FamilyInet, Chain: InputChain, Why: why, exprs: ex}
 	}
 	accept := []expr.Any{verdict(expr.VerdictAccept)}
-	rules := []Rule{
-		br("box→box: drop every frame switched between two ports of the bridge",
-			cat(ifname(expr.MetaKeyBRIIIFNAME, s.Bridge), ifname(expr.MetaKeyBRIOIFNAME, s.Bridge),
-				[]expr.Any{verdict(expr.VerdictDrop)})...),
+	drop := []expr.Any{verdict(expr.VerdictDrop)}
+	var rules []Rule
+	if s.L2 == L2BridgeName {
+		rules = append(rules, br("box→box: drop every frame switched between two ports of the bridge",
+			cat(ifname(expr.MetaKeyBRIIIFNAME, s.Bridge), ifname(expr.MetaKeyBRIOIFNAME, s.Bridge), drop)...))
+	} else {
+		n := s.subnet()
+		rules = append(rules,
+			br("box→box IPv4 switched on the bridge, by source in its subnet", cat(bridgeIPv4(12, n), drop)...),
+			br("box→box IPv4 switched on the bridge, by destination in its subnet", cat(bridgeIPv4(16, n), drop)...),
+			br("box→box ARP switched on the bridge, by sender address", cat(bridgeARP(14, n), drop)...),
+			br("box→box ARP switched on the bridge, by target address", cat(bridgeARP(24, n), drop)...),
+		)
+	}
+	rules = append(rules,
+		fwd("box→box routed through the gateway (hairpin), and bridged box→box while br_netfilter hands bridged IP to inet",
+			cat(ifname(expr.MetaKeyIIFNAME, s.Bridge), ifname(expr.MetaKeyOIFNAME, s.Bridge), drop)...),
 		in("replies to connections the host or a box was allowed to open",
 			cat(ctStateEstRel(), accept)...),
 		in("DNS to the gateway's dnsmasq (udp)",
@@ -187,7 +258,7 @@ func Desired(s Spec) []Rule {
 			cat(ip4Daddr(net.IPv4bcast.To4()), l4Dport(ipprotoUDP, 67), accept)...),
 		in("box→host: everything else from the bridge, every family and protocol (ICMP too)",
 			verdict(expr.VerdictDrop)),
-	}
+	)
 	for i := range rules {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
 	}
@@ -221,6 +292,41 @@ func ifname(key expr.MetaKey, name string) []expr.Any {
 		&expr.Meta{Key: key, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(name)},
 	}
+}
+
+// prefixMatch compares the register loaded by load against n the way nft
+// compiles a prefix: byte-aligned prefixes load only the prefix bytes,
+// others load the address and mask it.
+func prefixMatch(base expr.PayloadBase, off uint32, n *net.IPNet) []expr.Any {
+	ones, _ := n.Mask.Size()
+	if ones%8 == 0 {
+		l := uint32(ones / 8)
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: base, Offset: off, Len: l},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: append([]byte(nil), n.IP.To4()[:l]...)},
+		}
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: base, Offset: off, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: append([]byte(nil), n.Mask...), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: append([]byte(nil), n.IP.To4()...)},
+	}
+}
+
+// bridgeIPv4 is `ip saddr|daddr <n>` in the bridge family (off 12 or 16).
+func bridgeIPv4(off uint32, n *net.IPNet) []expr.Any {
+	return cat([]expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x08, 0x00}},
+	}, prefixMatch(expr.PayloadBaseNetworkHeader, off, n))
+}
+
+// bridgeARP is `arp saddr|daddr ip <n>` (off 14 or 24 in an Ethernet/IPv4 ARP).
+func bridgeARP(off uint32, n *net.IPNet) []expr.Any {
+	return cat([]expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x08, 0x06}},
+	}, prefixMatch(expr.PayloadBaseNetworkHeader, off, n))
 }
 
 func ip4Daddr(ip net.IP) []expr.Any {

@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -30,6 +31,10 @@ func TestValidate(t *testing.T) {
 		{"unspecified", Spec{Bridge: "claudenet", Gateway: net.IPv4zero}, false},
 		{"broadcast", Spec{Bridge: "claudenet", Gateway: net.IPv4bcast}, false},
 		{"garbage bytes", Spec{Bridge: "claudenet", Gateway: net.IP{1, 2, 3}}, false},
+		{"prefix 22", Spec{Bridge: "claudenet", Gateway: gw, PrefixLen: 22}, true},
+		{"prefix 31", Spec{Bridge: "claudenet", Gateway: gw, PrefixLen: 31}, false},
+		{"prefix 4", Spec{Bridge: "claudenet", Gateway: gw, PrefixLen: 4}, false},
+		{"mode", Spec{Bridge: "claudenet", Gateway: gw, L2: "magic"}, false},
 	} {
 		err := c.spec.Validate()
 		if (err == nil) != c.ok {
@@ -47,9 +52,8 @@ func TestTableNames(t *testing.T) {
 
 // The rules as a reader sees them: this is the contract in one screen.
 func TestDesiredGolden(t *testing.T) {
-	got := Desired(Spec{Bridge: "claudenet", Gateway: net.ParseIP("10.77.12.1")})
-	want := []string{
-		`bridge claudebox_claudenet forward: meta ibrname "claudenet" meta obrname "claudenet" drop`,
+	guard := []string{
+		`inet claudebox_claudenet_guard forward: iifname "claudenet" oifname "claudenet" drop`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" ct state established,related accept`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto udp th dport 53 accept`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto tcp th dport 53 accept`,
@@ -57,23 +61,51 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard input: iifname "claudenet" meta nfproto ipv4 ip daddr 255.255.255.255 meta l4proto udp th dport 67 accept`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" drop`,
 	}
-	if len(got) != len(want) {
-		t.Fatalf("got %d rules, want %d", len(got), len(want))
-	}
-	for i := range want {
-		if got[i].String() != want[i] {
-			t.Errorf("rule %d:\n got %s\nwant %s", i, got[i], want[i])
+	gw := net.ParseIP("10.77.12.1")
+	for _, c := range []struct {
+		spec   Spec
+		bridge []string
+	}{
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2BridgeName}, []string{
+			`bridge claudebox_claudenet forward: meta ibrname "claudenet" meta obrname "claudenet" drop`,
+		}},
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet}, []string{
+			`bridge claudebox_claudenet forward: meta protocol ip ip saddr 10.77.12.0/24 drop`,
+			`bridge claudebox_claudenet forward: meta protocol ip ip daddr 10.77.12.0/24 drop`,
+			`bridge claudebox_claudenet forward: ether type arp arp saddr ip 10.77.12.0/24 drop`,
+			`bridge claudebox_claudenet forward: ether type arp arp daddr ip 10.77.12.0/24 drop`,
+		}},
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, PrefixLen: 22}, []string{
+			`bridge claudebox_claudenet forward: meta protocol ip ip saddr 10.77.12.0/22 drop`,
+			`bridge claudebox_claudenet forward: meta protocol ip ip daddr 10.77.12.0/22 drop`,
+			`bridge claudebox_claudenet forward: ether type arp arp saddr ip 10.77.12.0/22 drop`,
+			`bridge claudebox_claudenet forward: ether type arp arp daddr ip 10.77.12.0/22 drop`,
+		}},
+	} {
+		want := append(append([]string{}, c.bridge...), guard...)
+		got := Desired(c.spec)
+		var lines []string
+		for _, r := range got {
+			lines = append(lines, r.String())
+			if r.Why == "" {
+				t.Errorf("%s has no Why", r)
+			}
 		}
-		if got[i].Why == "" {
-			t.Errorf("rule %d has no Why", i)
+		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s /%d:\n got:\n%s\nwant:\n%s", c.spec.L2, c.spec.PrefixLen, strings.Join(lines, "\n"), strings.Join(want, "\n"))
 		}
 	}
-	chains := DesiredChains(Spec{Bridge: "claudenet"})
-	if h := chains[0].Header(); h != "type filter hook forward priority -200 policy accept" {
-		t.Errorf("bridge chain: %s", h)
+	var headers []string
+	for _, c := range DesiredChains(Spec{Bridge: "claudenet"}) {
+		headers = append(headers, fmt.Sprintf("%s %s %s: %s", c.Family, c.Table, c.Name, c.Header()))
 	}
-	if h := chains[1].Header(); h != "type filter hook input priority -1 policy accept" {
-		t.Errorf("guard chain: %s", h)
+	wantH := []string{
+		"bridge claudebox_claudenet forward: type filter hook forward priority -200 policy accept",
+		"inet claudebox_claudenet_guard forward: type filter hook forward priority -1 policy accept",
+		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
+	}
+	if strings.Join(headers, "\n") != strings.Join(wantH, "\n") {
+		t.Errorf("chains:\n%s", strings.Join(headers, "\n"))
 	}
 }
 
@@ -93,7 +125,7 @@ func rawOf(t *testing.T, e expr.Any) rawExpr {
 // Anything the renderer does not fully understand must not read back as a
 // desired rule.
 func TestRenderStrangersStayStrange(t *testing.T) {
-	s := Spec{Bridge: "claudenet", Gateway: net.ParseIP("10.77.12.1")}
+	s := Spec{Bridge: "claudenet", Gateway: net.ParseIP("10.77.12.1"), L2: L2BridgeName}
 	desired := map[string]bool{}
 	for _, r := range Desired(s) {
 		desired[r.Summary] = true
