@@ -2,37 +2,49 @@
 // converges the kernel to them over netlink (github.com/google/nftables; no
 // nft subprocess).
 //
-// For a bridge B with gateway G it owns exactly two tables, both named from B
-// so that several stacks (and parallel tests) coexist:
+// For a bridge B with gateway G it owns exactly two tables, named from B so
+// that several stacks (and parallel tests) coexist, and in different
+// families so that no two bridges' names collide:
 //
-//	table bridge claudebox_<B>          chain forward: hook forward, priority -200
-//	                                    (nft's "filter" for the bridge family), policy accept
-//	table inet   claudebox_<B>_guard    chain input:   hook input, priority -1
-//	                                    (nft "filter - 1"), policy accept
+//	table bridge claudebox_<B>        chain forward: hook forward, priority -200
+//	                                  (nft's "filter" for bridge), policy accept
+//	table inet   claudebox_<B>_guard  chain forward: hook forward, priority -1 ("filter - 1")
+//	                                  chain input:   hook input,   priority -1 ("filter - 1")
+//	                                  both policy accept
 //
-// The bridge table drops every frame switched between two ports of B
-// (box→box). The bridge forward hook fires only on port-to-port frames;
-// traffic to the gateway is delivered locally and never passes it, so boxes
-// lose nothing else. This holds with br_netfilter off as well as on.
+// Box→box, bridge table. The bridge forward hook fires only on frames
+// switched port to port; traffic to the gateway is delivered locally and
+// never passes it, so boxes lose nothing else, and this holds with
+// br_netfilter off. Where the kernel has nft_meta_bridge the rule is
+// `meta ibrname "B" meta obrname "B" drop` (every protocol). Kernels built
+// without CONFIG_NFT_BRIDGE_META (our 6.18 test kernel) reject that rule, and
+// nothing else in the bridge family names the bridge a frame crosses, so
+// there the rules drop bridged IPv4 and ARP with a source or destination in
+// B's subnet (see L2Mode; the kernel is probed once, Spec.L2 can pin it).
 //
-// The inet guard drops everything that enters the host from B except what a
-// box needs: replies (ct established,related), DNS (udp/tcp 53) to G, and
-// DHCP (udp 67) to G or the limited broadcast. Incus's own "inet incus" table
-// hooks input at priority 0 ("filter") and accepts DHCP/DNS/ICMP errors for its
-// bridges; an accept in one base chain does not stop a drop in another, so the
-// guard accepts those itself and runs just before Incus's chain (-1) so that
-// the verdict on box→host traffic is ours first.
+// Box→box, guard forward chain: `iifname "B" oifname "B" drop` catches boxes
+// reaching each other by routing through the gateway (hairpin), and, while
+// br_netfilter's call-iptables/ip6tables is on, bridged IPv4/IPv6 too
+// (br_netfilter shows bridged packets to inet with B as in and out device).
 //
-// ICMP to the host (including echo to the gateway) is dropped: the contract is
-// "box→host dropped", boxes do not need to ping the gateway, and ICMP errors
-// about flows the host started still pass as ct related. ARP is not IP and is
-// untouched; IPv6 from B is dropped like everything else (IPv6 is off by
-// contract).
+// Box→host, guard input chain: drops everything that enters the host from B
+// except what a box needs: replies (ct established,related), DNS (udp/tcp 53)
+// to G, and DHCP (udp 67) to G or the limited broadcast. Incus's own
+// "inet incus" table hooks input/forward/output at priority 0 ("filter") and
+// accepts DHCP/DNS/ICMP errors for its bridges in chains in.B/fwd.B/out.B; an
+// accept in one base chain does not stop a drop in another, so the guard
+// accepts those itself, and runs just before Incus's chains (-1).
 //
-// Rules are rendered to canonical strings (Rule.Summary) by one renderer that
-// serves both Desired and Read, so "converged" is string equality, and any
-// expression the renderer does not recognise renders as an opaque token that
-// can never equal a desired rule.
+// ICMP to the host (echo to the gateway included) is dropped: the contract is
+// "box→host dropped", boxes need no ping to the gateway, and ICMP errors about
+// flows the host started still pass as ct related. ARP is not IP and passes
+// the input guard (boxes need it for the gateway). IPv6 from B is dropped like
+// everything else (IPv6 is off by contract).
+//
+// Rules are rendered to canonical strings (Rule.Summary, valid nft syntax) by
+// one renderer that serves both Desired and Read, so "converged" is string
+// equality, and any expression or attribute the renderer does not recognise
+// renders as an opaque token that can never equal a desired rule.
 package firewall
 
 import (
