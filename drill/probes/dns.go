@@ -81,7 +81,7 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 		if attempt == 0 {
 			left = left * 6 / 10
 		}
-		d := &net.Dialer{Control: bindControl(s.Iface)}
+		d := &net.Dialer{Control: udpControl(s.Iface, true)}
 		cl := &dns.Client{Net: "udp", Timeout: left, Dialer: d}
 		resp, _, err = cl.ExchangeContext(ctx, m, server)
 		if err == nil || !isTimeout(err) {

@@ -87,7 +87,9 @@ func (c InitConfig) withDefaults() InitConfig {
 		c.ResolvConf = "/etc/resolv.conf"
 	}
 	if c.DHCPTimeout == 0 {
-		c.DHCPTimeout = 3 * time.Second
+		// dnsmasq pings an address before offering it to a new client and
+		// holds the offer ~3 s while it waits: a shorter window never sees it.
+		c.DHCPTimeout = 10 * time.Second
 	}
 	return c
 }
@@ -239,13 +241,14 @@ func dhcpUntilLease(ctx context.Context, cfg InitConfig, host string, st *status
 // option 12 the way cloud images do: the drill needs a box that announces its
 // name to prove siblings still cannot resolve it.
 func DHCP(ctx context.Context, iface, hostname string, timeout time.Duration) (*nclient4.Lease, error) {
-	if err := waitLink(ctx, iface, 5*time.Second); err != nil {
+	if err := waitLink(ctx, iface, timeout); err != nil {
 		return nil, err
 	}
 	if err := linkUp(iface); err != nil {
 		return nil, err
 	}
-	c, err := nclient4.New(iface, nclient4.WithTimeout(timeout/3), nclient4.WithRetry(3))
+	// Retries resend the same transaction, so a late offer still matches.
+	c, err := nclient4.New(iface, nclient4.WithTimeout(time.Second), nclient4.WithRetry(int(timeout/time.Second)+1))
 	if err != nil {
 		return nil, fmt.Errorf("dhcp client on %s: %w", iface, err)
 	}

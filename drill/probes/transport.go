@@ -29,18 +29,35 @@ func bindControl(iface string) func(network, address string, c syscall.RawConn) 
 	if iface == "" {
 		return nil
 	}
-	return func(_, _ string, c syscall.RawConn) error {
+	return udpControl(iface, false)
+}
+
+// udpControl is bindControl plus, for UDP, IP_RECVERR/IPV6_RECVERR: without
+// it Linux hides ICMP net/host unreachable from a UDP socket (they are "soft"
+// errors; only port unreachable is reported), and a rejecting firewall would
+// look like silence.
+func udpControl(iface string, recvErr bool) func(network, address string, c syscall.RawConn) error {
+	return func(network, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, iface)
+			if iface != "" {
+				if e := unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, iface); e != nil {
+					serr = fmt.Errorf("bind to device %q: %w", iface, e)
+					return
+				}
+			}
+			if recvErr {
+				if strings.HasSuffix(network, "6") {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_RECVERR, 1)
+				} else {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_RECVERR, 1)
+				}
+			}
 		})
 		if err != nil {
 			return err
 		}
-		if serr != nil {
-			return fmt.Errorf("bind to device %q: %w", iface, serr)
-		}
-		return nil
+		return serr
 	}
 }
 
@@ -108,6 +125,11 @@ func classify(err error, dst netip.Addr, iface string) (Outcome, string) {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
 		errors.As(err, &ne) && ne.Timeout():
+		if dst.IsValid() {
+			if failed, hop := neighbourFailed(dst, iface); failed {
+				return Dropped, fmt.Sprintf("no answer before the timeout; no ARP/ND reply from next hop %s", hop)
+			}
+		}
 		return Dropped, "no answer before the timeout"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return Refused, "connection refused (TCP RST or ICMP port unreachable): " + err.Error()
@@ -250,7 +272,7 @@ func probeUDP(ctx context.Context, s Spec, r *Result) {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
 	}
-	d := net.Dialer{Control: bindControl(s.Iface)}
+	d := net.Dialer{Control: udpControl(s.Iface, true)}
 	c, err := d.DialContext(ctx, "udp", netip.AddrPortFrom(dst, uint16(s.Port)).String())
 	if err != nil {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
