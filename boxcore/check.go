@@ -135,7 +135,7 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 
 	// nftables, read over netlink.
 	if gw != nil {
-		drift, err := firewall.Check(firewall.Spec{Bridge: s.Network, Gateway: gw.IP})
+		drift, err := firewall.Check(FirewallSpec(s.Network, gw))
 		if err != nil {
 			return CheckReport{}, fmt.Errorf("reading nftables: %w", err)
 		}

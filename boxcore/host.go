@@ -181,7 +181,7 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 	}
 
 	// Firewall: what the kernel holds now.
-	drift, err := firewall.Check(firewall.Spec{Bridge: s.Network, Gateway: p.Gateway.IP})
+	drift, err := firewall.Check(FirewallSpec(s.Network, p.Gateway))
 	if err != nil {
 		return nil, fmt.Errorf("reading nftables: %w", err)
 	}
@@ -235,7 +235,9 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 	}
 
 	if !p.networkExists {
-		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", p.networkConfig, "claudebox: isolated NAT bridge for boxes"); err != nil {
+		cfg := maps.Clone(p.networkConfig)
+		maps.Copy(cfg, s.Marks)
+		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
 			return nil, fmt.Errorf("creating network %s: %w", s.Network, err)
 		}
 	} else if hasChange(p.Changes, "network "+s.Network) {
@@ -245,7 +247,7 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 		}
 		cfg := maps.Clone(p.networkConfig)
 		for k, v := range cur.Config {
-			if strings.HasPrefix(k, "volatile.") {
+			if keptKey(k) {
 				cfg[k] = v
 			}
 		}
@@ -266,7 +268,7 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 		}
 	}
 
-	if _, err := firewall.Apply(firewall.Spec{Bridge: s.Network, Gateway: p.Gateway.IP}); err != nil {
+	if _, err := firewall.Apply(FirewallSpec(s.Network, p.Gateway)); err != nil {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
 	for _, port := range p.unisolated {
@@ -306,11 +308,11 @@ func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
 		}
 		return false, err
 	}
-	ip, _, err := net.ParseCIDR(n.Config["ipv4.address"])
+	ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"])
 	if err != nil {
 		return false, fmt.Errorf("network %s has no IPv4 address (%q): run 'claudebox host init'", h.Stack.Network, n.Config["ipv4.address"])
 	}
-	return firewall.Apply(firewall.Spec{Bridge: h.Stack.Network, Gateway: ip})
+	return firewall.Apply(FirewallSpec(h.Stack.Network, &net.IPNet{IP: ip, Mask: sub.Mask}))
 }
 
 // pickPool prefers the stack's pool, else the first pool the daemon has.
@@ -365,7 +367,7 @@ func upstreamServers(raw string) []string {
 }
 
 // configDiff lists the keys whose value differs between have and want, ignoring volatile keys
-// Incus manages itself.
+// Incus manages itself and user.* keys, which are their owner's notes, not isolation.
 func configDiff(have, want map[string]string) []string {
 	var keys []string
 	for _, k := range sortedKeys(want) {
@@ -374,7 +376,7 @@ func configDiff(have, want map[string]string) []string {
 		}
 	}
 	for _, k := range sortedKeys(have) {
-		if _, ok := want[k]; !ok && !strings.HasPrefix(k, "volatile.") {
+		if _, ok := want[k]; !ok && !keptKey(k) {
 			keys = append(keys, k+" (remove)")
 		}
 	}
@@ -429,4 +431,15 @@ func RequireRoot() error {
 		return Usagef("this needs root (it changes the host's network and firewall): run it with sudo")
 	}
 	return nil
+}
+
+// keptKey is a config key converge leaves alone.
+func keptKey(k string) bool {
+	return strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "user.")
+}
+
+// FirewallSpec is the nftables spec for a bridge and its gateway address with prefix.
+func FirewallSpec(bridge string, gateway *net.IPNet) firewall.Spec {
+	ones, _ := gateway.Mask.Size()
+	return firewall.Spec{Bridge: bridge, Gateway: gateway.IP, PrefixLen: ones}
 }

@@ -16,6 +16,9 @@ type Stack struct {
 	Pool    string // storage pool of the profile's root disk
 	// Unit is the systemd unit re-applying the firewall at boot; empty means none.
 	Unit string
+	// Marks are user.* keys put on the network when it is created (tests mark their stacks
+	// with their run, so a later run can find and remove what a dead one left).
+	Marks map[string]string
 }
 
 // DefaultStack is the stack of the seed design.

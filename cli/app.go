@@ -77,7 +77,7 @@ func Run(env *Env, args []string) int {
 	app := NewApp(env, &code)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := app.RunContext(ctx, args)
+	err := app.RunContext(ctx, permuteFlags(args))
 	if err == nil {
 		return code
 	}
@@ -150,6 +150,9 @@ func render(env *Env, row Command) *cli.Command {
 		flags = append(flags, remoteFlag)
 	}
 	usage := strings.Join(row.Args, " ")
+	for _, o := range row.Optional {
+		usage += " [" + o + "]"
+	}
 	if row.Variadic != "" {
 		usage = strings.TrimSpace(usage + " [--] " + row.Variadic)
 	}
@@ -157,11 +160,12 @@ func render(env *Env, row Command) *cli.Command {
 		usage = strings.TrimSpace(usage + " " + row.Synopsis)
 	}
 	return &cli.Command{
-		Name:         row.Name,
-		Usage:        row.Summary,
-		ArgsUsage:    usage,
-		Flags:        flags,
-		OnUsageError: func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%s: %v", row.Name, err) },
+		Name:            row.Name,
+		Usage:           row.Summary,
+		ArgsUsage:       usage,
+		Flags:           flags,
+		SkipFlagParsing: row.Passthrough,
+		OnUsageError:    func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%s: %v", row.Name, err) },
 		Action: func(c *cli.Context) error {
 			ctx := &Ctx{Context: c, Env: env, Cmd: row, Args: c.Args().Slice()}
 			if err := runPreconditions(ctx); err != nil {
@@ -187,7 +191,7 @@ func runPreconditions(c *Ctx) error {
 				return boxcore.Usagef("%s: missing %s (usage: claudebox %s %s)", row.Name,
 					strings.Join(row.Args[len(c.Args):], " "), row.Name, strings.Join(row.Args, " "))
 			}
-			if row.Variadic == "" && len(c.Args) > len(row.Args) {
+			if row.Variadic == "" && len(c.Args) > len(row.Args)+len(row.Optional) {
 				return boxcore.Usagef("%s: unexpected argument %q (usage: claudebox %s %s)", row.Name,
 					c.Args[len(row.Args)], row.Name, strings.Join(row.Args, " "))
 			}
@@ -214,6 +218,11 @@ func runPreconditions(c *Ctx) error {
 		case NeedsStopped:
 			if c.Box.Running() {
 				return boxcore.Usagef("box '%s' is running — stop it first: claudebox stop %s", c.Box.Name, c.Box.Name)
+			}
+		case NeedsSnapshot:
+			b := &boxcore.Boxes{Client: c.Client, Stack: c.Env.Stack}
+			if _, err := b.FindSnapshot(c.Context.Context, c.Box, c.Args[1]); err != nil {
+				return err
 			}
 		case Confirms:
 			name := ""

@@ -1,5 +1,7 @@
 package cli
 
+import "github.com/claudebox/claudebox/drill/probes"
+
 func miscCommands() []Command {
 	return []Command{
 		{
@@ -8,6 +10,17 @@ func miscCommands() []Command {
 			Pre:     []Precondition{NeedsArgs},
 			Action: func(c *Ctx) error {
 				c.Out("claudebox %s", Version)
+				return nil
+			},
+		},
+		{
+			Name: "probe", Variadic: "run|facts|hits|status|serve ...",
+			Summary:     "the drill's probe agent (runs inside a box): probes, listeners, facts",
+			Passthrough: true,
+			Action: func(c *Ctx) error {
+				if code := probes.Main(c.Args, c.Env.Stdout, c.Env.Stderr); code != 0 {
+					return exitError{code}
+				}
 				return nil
 			},
 		},

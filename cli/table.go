@@ -19,28 +19,33 @@ const (
 	NeedsBox
 	// NeedsStopped: the box must be stopped.
 	NeedsStopped
+	// NeedsSnapshot: the second argument names an existing snapshot of the box.
+	NeedsSnapshot
 	// Confirms: asks the row's Prompt on a terminal; with no terminal it needs --force/--yes.
 	Confirms
 )
 
-var preconditionOrder = []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon, NeedsBox, NeedsStopped, Confirms}
+var preconditionOrder = []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon, NeedsBox, NeedsStopped, NeedsSnapshot, Confirms}
 
 func (p Precondition) String() string {
-	return [...]string{"needs-args", "needs-root", "needs-daemon", "needs-box", "needs-stopped", "confirms"}[p]
+	return [...]string{"needs-args", "needs-root", "needs-daemon", "needs-box", "needs-stopped", "needs-snapshot", "confirms"}[p]
 }
 
 // Command is one row of the table: everything that exists, its help, and what runs.
 type Command struct {
 	Name     string // "list", or "host init" for a subcommand
 	Args     []string
-	Variadic string // name of trailing repeated args, e.g. "CMD..."
-	Synopsis string // flags as shown in help; every --flag named here must exist
+	Optional []string // trailing optional positional args
+	Variadic string   // name of trailing repeated args, e.g. "CMD..."
+	Synopsis string   // flags as shown in help; every --flag named here must exist
 	Summary  string
 	Flags    []cli.Flag
 	Pre      []Precondition
 	Prompt   string // the Confirms question; %s is the box name
 	// ConfirmFlag is the flag that answers the prompt without a terminal ("force" or "yes").
 	ConfirmFlag string
+	// Passthrough hands every argument to the action unparsed (the probe agent parses its own).
+	Passthrough bool
 	Action      func(*Ctx) error
 }
 

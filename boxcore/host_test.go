@@ -1,0 +1,273 @@
+package boxcore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/firewall"
+	"github.com/claudebox/claudebox/internal/testenv"
+	"github.com/claudebox/claudebox/internal/teststack"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	teststack.RemoveBinary()
+	os.Exit(code)
+}
+
+// snapshotHost captures every object init manages, as the daemon and the kernel hold them.
+func snapshotHost(t *testing.T, c *incus.Client, s boxcore.Stack) string {
+	t.Helper()
+	ctx := context.Background()
+	n, _, err := c.Network(ctx, s.Network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := c.NetworkACL(ctx, s.ACL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := c.Profile(ctx, s.Profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal([]any{n.Config, n.Description, a, p.Config, p.Devices, p.Description})
+	return string(b) + "\n" + nftRuleset(t, s)
+}
+
+func nftRuleset(t *testing.T, s boxcore.Stack) string {
+	t.Helper()
+	bt, gt := firewall.TableNames(s.Network)
+	var out []string
+	for _, tbl := range [][2]string{{"bridge", bt}, {"inet", gt}} {
+		b, err := exec.Command("nft", "list", "table", tbl[0], tbl[1]).CombinedOutput()
+		if err != nil {
+			out = append(out, "missing "+tbl[1])
+			continue
+		}
+		out = append(out, string(b))
+	}
+	return strings.Join(out, "\n")
+}
+
+func mustCheck(t *testing.T, h *boxcore.Host) boxcore.CheckReport {
+	t.Helper()
+	r, err := h.Check(context.Background())
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	return r
+}
+
+func driftItems(r boxcore.CheckReport) []string {
+	var out []string
+	for _, d := range r.Drift() {
+		out = append(out, d.Layer+": "+d.Item)
+	}
+	return out
+}
+
+func TestHostInitCheckTeardown(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	teststack.Sweep(t, c)
+	s := teststack.Stack("host")
+	t.Cleanup(func() { teststack.Remove(t, c, s) })
+	h := boxcore.NewHost(c, s)
+
+	changes, err := h.Init(ctx, boxcore.InitOptions{DNS: "host"})
+	if err != nil {
+		t.Fatalf("first init: %v", err)
+	}
+	if len(changes) < 4 {
+		t.Fatalf("first init reported too few changes: %v", changes)
+	}
+	if r := mustCheck(t, h); !r.OK {
+		t.Fatalf("check after init drifts: %v", driftItems(r))
+	}
+
+	t.Run("second init changes nothing", func(t *testing.T) {
+		before := snapshotHost(t, c, s)
+		changes, err := h.Init(ctx, boxcore.InitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(changes) != 0 {
+			t.Fatalf("second init reported changes: %v", changes)
+		}
+		if after := snapshotHost(t, c, s); after != before {
+			t.Fatalf("second init changed the host:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+	})
+
+	t.Run("drift: bridge table deleted by hand", func(t *testing.T) {
+		bt, _ := firewall.TableNames(s.Network)
+		if out, err := exec.Command("nft", "delete", "table", "bridge", bt).CombinedOutput(); err != nil {
+			t.Fatalf("nft delete: %v %s", err, out)
+		}
+		r := mustCheck(t, h)
+		got := driftItems(r)
+		if r.OK || len(got) == 0 {
+			t.Fatal("check did not notice the missing bridge table")
+		}
+		for _, d := range r.Drift() {
+			if d.Layer != "nftables" || !strings.Contains(d.Item+d.Expected+d.Actual, bt) {
+				t.Fatalf("check names more than the bridge table: %v", got)
+			}
+		}
+		repairAndCheck(t, h)
+	})
+
+	t.Run("drift: no-hosts removed", func(t *testing.T) {
+		n, _, err := c.Network(ctx, s.Network)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := n.Config
+		cfg["raw.dnsmasq"] = strings.ReplaceAll(cfg["raw.dnsmasq"], "no-hosts\n", "")
+		if err := c.UpdateNetwork(ctx, s.Network, cfg, n.Description, ""); err != nil {
+			t.Fatal(err)
+		}
+		r := mustCheck(t, h)
+		got := driftItems(r)
+		want := []string{"network: " + s.Network + " raw.dnsmasq no-hosts", "dnsmasq: option no-hosts"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("drift = %v, want exactly %v", got, want)
+		}
+		repairAndCheck(t, h)
+	})
+
+	t.Run("drift: one port's isolation off", func(t *testing.T) {
+		bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
+		box, err := bs.New(ctx, boxcore.NewOptions{Name: "cbt-host-" + testenv.RunID(), Image: teststack.ProbeImage(t, c), Config: teststack.Tag()})
+		if err != nil {
+			t.Fatalf("new: %v", err)
+		}
+		st, err := c.InstanceState(ctx, box.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := st.Network["eth0"].HostName
+		if err := h.Kernel.SetPortIsolated(port, false); err != nil {
+			t.Fatal(err)
+		}
+		r := mustCheck(t, h)
+		if got, want := driftItems(r), []string{"port isolation: " + port}; !slices.Equal(got, want) {
+			t.Fatalf("drift = %v, want exactly %v", got, want)
+		}
+		repairAndCheck(t, h)
+
+		// Teardown refuses while a box uses the stack, and changes nothing.
+		before := snapshotHost(t, c, s)
+		_, err = h.PlanTeardown(ctx, false)
+		if !boxcore.IsUsage(err) || !strings.Contains(err.Error(), box.Name) {
+			t.Fatalf("teardown with a box and no force: %v", err)
+		}
+		if after := snapshotHost(t, c, s); after != before {
+			t.Fatal("refused teardown changed the host")
+		}
+	})
+
+	t.Run("teardown leaves nothing", func(t *testing.T) {
+		p, err := h.PlanTeardown(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Boxes) != 1 {
+			t.Fatalf("teardown --force should report 1 box losing its network, got %v", p.Boxes)
+		}
+		if _, err := h.ApplyTeardown(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := c.Network(ctx, s.Network); !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("network still there: %v", err)
+		}
+		if _, _, err := c.NetworkACL(ctx, s.ACL); !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("ACL still there: %v", err)
+		}
+		if _, _, err := c.Profile(ctx, s.Profile); !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("profile still there: %v", err)
+		}
+		if rs := nftRuleset(t, s); !strings.Contains(rs, "missing claudebox_"+s.Network+"\n") || strings.Count(rs, "missing") != 2 {
+			t.Errorf("nft tables still there:\n%s", rs)
+		}
+		// The box survived, off the stack, with its disk.
+		in, _, err := c.Instance(ctx, "cbt-host-"+testenv.RunID())
+		if err != nil {
+			t.Fatalf("box gone after teardown --force: %v", err)
+		}
+		if len(in.Profiles) != 0 || in.Devices["root"] == nil {
+			t.Errorf("box after teardown: profiles %v devices %v", in.Profiles, in.Devices)
+		}
+	})
+}
+
+func repairAndCheck(t *testing.T, h *boxcore.Host) {
+	t.Helper()
+	changes, err := h.Init(context.Background(), boxcore.InitOptions{})
+	if err != nil {
+		t.Fatalf("repairing init: %v", err)
+	}
+	if len(changes) == 0 {
+		t.Fatal("repairing init reported no changes")
+	}
+	if r := mustCheck(t, h); !r.OK {
+		t.Fatalf("check after repair drifts: %v", driftItems(r))
+	}
+}
+
+func TestHostInitBadInput(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	s := teststack.Stack("badinput")
+	h := boxcore.NewHost(c, s)
+	t.Cleanup(func() { teststack.Remove(t, c, s) })
+
+	claims, err := boxcore.HostClaims()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken string
+	for _, cl := range claims {
+		if ones, _ := cl.Net.Mask.Size(); ones <= 24 {
+			taken = cl.Net.IP.Mask(cl.Net.Mask).String() + "/24"
+			break
+		}
+	}
+	cases := []struct {
+		name string
+		opts boxcore.InitOptions
+		want string
+	}{
+		{"invalid subnet", boxcore.InitOptions{Subnet: "10.1.2.3/24"}, "invalid --subnet"},
+		{"not a /24", boxcore.InitOptions{Subnet: "10.1.0.0/16"}, "invalid --subnet"},
+		{"garbage subnet", boxcore.InitOptions{Subnet: "banana"}, "invalid --subnet"},
+		{"invalid dns", boxcore.InitOptions{DNS: "1.1.1.1,nope"}, "invalid --dns"},
+	}
+	if taken != "" {
+		cases = append(cases, struct {
+			name string
+			opts boxcore.InitOptions
+			want string
+		}{"claimed subnet", boxcore.InitOptions{Subnet: taken}, "already used by"})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.PlanInit(ctx, tc.opts)
+			if err == nil || !boxcore.IsUsage(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("PlanInit(%+v) = %v, want a usage error containing %q", tc.opts, err, tc.want)
+			}
+			if _, _, err := c.Network(ctx, s.Network); !errors.Is(err, incus.ErrNotFound) {
+				t.Fatalf("bad input left a network behind: %v", err)
+			}
+		})
+	}
+}

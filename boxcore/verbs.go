@@ -1,0 +1,224 @@
+package boxcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+// ResolveImage turns an image ref into an instance source: "ALIAS" is a local alias,
+// "REMOTE:ALIAS" an image on a remote from the incus CLI's config (plus the built-in
+// "images" simplestreams server).
+func ResolveImage(ref string) (incus.InstanceSource, error) {
+	if ref == "" {
+		return incus.InstanceSource{}, Usagef("new: no image: pass --image REF (e.g. images:debian/12/cloud)")
+	}
+	remote, alias, ok := strings.Cut(ref, ":")
+	if !ok {
+		return incus.InstanceSource{Type: "image", Alias: ref}, nil
+	}
+	if remote == "" || alias == "" {
+		return incus.InstanceSource{}, Usagef("new: invalid image ref %q: want ALIAS or REMOTE:ALIAS", ref)
+	}
+	addr, protocol, err := incus.ImageRemote(remote)
+	if err != nil {
+		return incus.InstanceSource{}, &UsageError{Msg: "new: " + err.Error()}
+	}
+	return incus.InstanceSource{Type: "image", Alias: alias, Server: addr, Protocol: protocol, Mode: "pull"}, nil
+}
+
+// Summary is a box as `list` shows it.
+type Summary struct {
+	Name      string    `json:"name" yaml:"name"`
+	State     string    `json:"state" yaml:"state"`
+	Type      string    `json:"type" yaml:"type"`
+	IPv4      []string  `json:"ipv4" yaml:"ipv4"`
+	Snapshots int       `json:"snapshots" yaml:"snapshots"`
+	Created   time.Time `json:"created" yaml:"created"`
+}
+
+// List returns every box, in one request.
+func (bs *Boxes) List(ctx context.Context) ([]Summary, error) {
+	insts, err := bs.Client.Instances(ctx, map[string]string{TagKey: "1"}, true)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Summary, 0, len(insts))
+	for _, in := range insts {
+		if !IsBox(in) { // the server filtered; this guards a daemon that ignored the filter
+			continue
+		}
+		out = append(out, summarize(in))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func summarize(in incus.Instance) Summary {
+	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt, IPv4: []string{}}
+	if in.State != nil {
+		s.IPv4 = ipv4s(*in.State)
+	}
+	return s
+}
+
+func ipv4s(st incus.InstanceState) []string {
+	var out []string
+	for _, iface := range sortedKeys(st.Network) {
+		if iface == "lo" {
+			continue
+		}
+		for _, a := range st.Network[iface].Addresses {
+			if a.Family == "inet" {
+				out = append(out, a.Address+" ("+iface+")")
+			}
+		}
+	}
+	return out
+}
+
+// Info is what `info` shows of a box.
+type Info struct {
+	Summary
+	Addresses  []string          `json:"addresses" yaml:"addresses"`
+	Provenance map[string]string `json:"provenance" yaml:"provenance"`
+	Profiles   []string          `json:"profiles" yaml:"profiles"`
+	Snapshots  []incus.Snapshot  `json:"snapshot_list" yaml:"snapshot_list"`
+	CloneLine  string            `json:"clone_command" yaml:"clone_command"`
+}
+
+// Info reads a box's state, addresses, provenance and snapshots.
+func (bs *Boxes) Info(ctx context.Context, b *Box) (Info, error) {
+	st, err := bs.Client.InstanceState(ctx, b.Name)
+	if err != nil {
+		return Info{}, err
+	}
+	snaps, err := bs.Client.Snapshots(ctx, b.Name)
+	if err != nil {
+		return Info{}, err
+	}
+	in := b.Instance
+	in.State, in.Snapshots = &st, snaps
+	info := Info{Summary: summarize(in), Provenance: map[string]string{}, Profiles: in.Profiles, Snapshots: snaps}
+	for _, iface := range sortedKeys(st.Network) {
+		if iface == "lo" {
+			continue
+		}
+		for _, a := range st.Network[iface].Addresses {
+			info.Addresses = append(info.Addresses, fmt.Sprintf("%s %s/%s (%s)", iface, a.Address, a.Netmask, a.Scope))
+		}
+	}
+	for k, v := range in.Config {
+		if strings.HasPrefix(k, "user.claudebox.") && k != tagMint {
+			info.Provenance[strings.TrimPrefix(k, "user.claudebox.")] = v
+		}
+	}
+	from := b.Name
+	if len(snaps) > 0 {
+		latest := snaps[0]
+		for _, s := range snaps {
+			if s.CreatedAt.After(latest.CreatedAt) {
+				latest = s
+			}
+		}
+		from += "/" + latest.Name
+	}
+	info.CloneLine = fmt.Sprintf("claudebox new --name %s-2 --from %s", b.Name, from)
+	return info, nil
+}
+
+// Start starts a box (already running is fine).
+func (bs *Boxes) Start(ctx context.Context, b *Box) error {
+	if b.Instance.Status == "Running" {
+		return nil
+	}
+	return bs.Client.SetState(ctx, b.Name, "start", false, 0)
+}
+
+// Stop stops a box; force kills it instead of a clean shutdown.
+func (bs *Boxes) Stop(ctx context.Context, b *Box, force bool) error {
+	if b.Instance.Status == "Stopped" {
+		return nil
+	}
+	return bs.Client.SetState(ctx, b.Name, "stop", force, 30*time.Second)
+}
+
+var snapRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Snapshot checkpoints a box; an empty label becomes a time-based one. It returns the label.
+func (bs *Boxes) Snapshot(ctx context.Context, b *Box, label string) (string, error) {
+	if label == "" {
+		label = "snap-" + time.Now().UTC().Format("20060102-150405")
+	}
+	if !snapRE.MatchString(label) {
+		return "", Usagef("snapshot: invalid label %q: letters, digits, '.', '_' and '-', up to 63", label)
+	}
+	if _, err := bs.FindSnapshot(ctx, b, label); err == nil {
+		return "", Usagef("snapshot: box %s already has a snapshot %q", b.Name, label)
+	}
+	if err := bs.Client.CreateSnapshot(ctx, b.Name, label); err != nil {
+		if errors.Is(err, incus.ErrConflict) {
+			return "", Usagef("snapshot: box %s already has a snapshot %q", b.Name, label)
+		}
+		return "", err
+	}
+	return label, nil
+}
+
+// Restore rolls a box back to a snapshot.
+func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
+	if _, err := bs.FindSnapshot(ctx, b, snap); err != nil {
+		return err
+	}
+	return bs.Client.RestoreSnapshot(ctx, b.Name, snap)
+}
+
+// Rename renames a stopped box.
+func (bs *Boxes) Rename(ctx context.Context, b *Box, newName string) error {
+	if err := ValidateName(newName); err != nil {
+		return err
+	}
+	if b.Running() {
+		return Usagef("box '%s' is running — stop it first: claudebox stop %s", b.Name, b.Name)
+	}
+	if _, _, err := bs.Client.Instance(ctx, newName); err == nil {
+		return Usagef("rename: an instance named %s already exists", newName)
+	} else if !errors.Is(err, incus.ErrNotFound) {
+		return err
+	}
+	if err := bs.Client.RenameInstance(ctx, b.Name, newName); err != nil {
+		if errors.Is(err, incus.ErrConflict) {
+			return Usagef("rename: an instance named %s already exists", newName)
+		}
+		return err
+	}
+	return nil
+}
+
+// Remove deletes a box and its snapshots, stopping it first.
+func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
+	if b.Instance.Status != "Stopped" {
+		if err := bs.Client.SetState(ctx, b.Name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+			return err
+		}
+	}
+	return bs.Client.DeleteInstance(ctx, b.Name)
+}
+
+// LoginCommand is the interactive login shell of a box: its `claude` user when it has one
+// (cloud images made by the claude template), else root's login shell.
+func (bs *Boxes) LoginCommand(ctx context.Context, b *Box) []string {
+	if res, err := bs.Client.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{"id", "-u", "claude"}}); err == nil && res.ExitCode == 0 {
+		return []string{"su", "-l", "claude"}
+	}
+	if res, err := bs.Client.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{"test", "-x", "/bin/bash"}}); err == nil && res.ExitCode == 0 {
+		return []string{"/bin/bash", "-l"}
+	}
+	return []string{"/bin/sh", "-l"}
+}
