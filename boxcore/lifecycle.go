@@ -138,12 +138,16 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		}
 	}
 	progress(Progress{Stage: "create", Percent: -1, Text: "creating " + o.Name})
-	err := bs.Client.CreateInstance(ctx, req, func(ev incus.ProgressEvent) {
-		progress(Progress{Stage: "download", Percent: ev.Percent, Text: ev.Text})
-	})
+	var onProgress func(incus.ProgressEvent)
+	if o.Progress != nil { // polling for progress costs round trips: only when someone watches
+		onProgress = func(ev incus.ProgressEvent) {
+			progress(Progress{Stage: "download", Percent: ev.Percent, Text: ev.Text})
+		}
+	}
+	err := bs.Client.CreateInstance(ctx, req, onProgress)
 	if err != nil {
 		bs.discard(o.Name, token)
-		if errors.Is(err, incus.ErrConflict) {
+		if errors.Is(err, incus.ErrConflict) || bs.heldByOther(o.Name, token) {
 			return nil, Usagef("new: an instance named %s already exists: pick another --name", o.Name)
 		}
 		return nil, fmt.Errorf("new: creating %s: %w", o.Name, err)
@@ -202,6 +206,15 @@ func (bs *Boxes) discard(name, token string) {
 		_ = bs.Client.SetState(ctx, name, "stop", true, 0)
 	}
 	_ = bs.Client.DeleteInstance(ctx, name)
+}
+
+// heldByOther reports whether the name is taken by an instance this call did not make: a
+// racing `new` (the daemon then says "busy running a create operation"), or anything else.
+func (bs *Boxes) heldByOther(name, token string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	in, _, err := bs.Client.Instance(ctx, name)
+	return err == nil && in.Config[tagMint] != token
 }
 
 func (bs *Boxes) resetMachineID(ctx context.Context, name string) error {

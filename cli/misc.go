@@ -18,6 +18,9 @@ func miscCommands() []Command {
 			Summary:     "the drill's probe agent (runs inside a box): probes, listeners, facts",
 			Passthrough: true,
 			Action: func(c *Ctx) error {
+				if len(c.Args) == 0 || c.Args[0] == "--help" || c.Args[0] == "-h" {
+					c.Out("claudebox probe - %s", c.Cmd.Summary)
+				}
 				if code := probes.Main(c.Args, c.Env.Stdout, c.Env.Stderr); code != 0 {
 					return exitError{code}
 				}
