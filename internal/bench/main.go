@@ -1,0 +1,117 @@
+// Command bench compares claudebox with the incus CLI doing the same work, as medians of
+// paired runs (A then B, alternating, so drift in the machine hits both alike):
+//
+//	claudebox list            vs  incus list user.claudebox=1     goal ≤ 1.00×
+//	claudebox new --container vs  incus launch (same image, profile, config)  goal ≤ 1.15×
+//
+// It runs against the host's real stack (make bench runs setup first) with the scratch probe
+// image built from the claudebox binary, and removes every box it made.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/internal/scratch"
+)
+
+func main() {
+	bin := flag.String("bin", "bin/claudebox", "the claudebox binary")
+	rounds := flag.Int("n", 15, "paired runs per comparison")
+	flag.Parse()
+	ctx := context.Background()
+	c, err := incus.Connect(ctx, "")
+	must(err)
+	image, err := scratch.EnsureImage(ctx, c, *bin, "claudebox-probe")
+	must(err)
+	stack := boxcore.DefaultStack()
+	prefix := fmt.Sprintf("cbbench-%d", time.Now().Unix()%100000)
+	defer cleanup(c, prefix)
+
+	// A few boxes so list has something to list.
+	for i := 0; i < 3; i++ {
+		run(*bin, "new", "--name", fmt.Sprintf("%s-seed%d", prefix, i), "--container", "--image", image)
+	}
+	report("list", paired(*rounds,
+		func(int) { run(*bin, "list") },
+		func(int) { run("incus", "list", "user.claudebox=1") },
+	), 1.0)
+
+	tags := []string{"-c", "user.claudebox=1", "-c", "user.claudebox.origin=fresh", "-c", "user.claudebox.from=" + image,
+		"-c", "user.claudebox.version=bench", "-c", "user.claudebox.created=" + time.Now().UTC().Format(time.RFC3339), "-c", "user.claudebox.mint=0"}
+	report("new --container", paired(*rounds,
+		func(i int) { run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image) },
+		func(i int) {
+			run("incus", append([]string{"launch", image, fmt.Sprintf("%s-b%d", prefix, i), "--profile", stack.Profile}, tags...)...)
+		},
+	), 1.15)
+}
+
+func paired(n int, a, b func(int)) [2][]time.Duration {
+	var out [2][]time.Duration
+	for i := 0; i < n; i++ {
+		for j, f := range []func(int){a, b} {
+			start := time.Now()
+			f(i)
+			out[j] = append(out[j], time.Since(start))
+		}
+	}
+	return out
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration{}, d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func report(what string, t [2][]time.Duration, goal float64) {
+	a, b := median(t[0]), median(t[1])
+	ratio := float64(a) / float64(b)
+	verdict := "ok"
+	if ratio > goal {
+		verdict = "OVER GOAL"
+	}
+	fmt.Printf("%-18s claudebox %7.1f ms   incus %7.1f ms   ratio %.2f× (goal ≤ %.2f×) %s   [median of %d paired runs]\n",
+		what, ms(a), ms(b), ratio, goal, verdict, len(t[0]))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func run(name string, args ...string) {
+	cmd := exec.Command(name, args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		os.Exit(1)
+	}
+}
+
+func cleanup(c *incus.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	insts, err := c.Instances(ctx, map[string]string{boxcore.TagKey: "1"}, false)
+	if err != nil {
+		return
+	}
+	for _, in := range insts {
+		if strings.HasPrefix(in.Name, "cbbench-") {
+			_ = c.SetState(ctx, in.Name, "stop", true, 0)
+			_ = c.DeleteInstance(ctx, in.Name)
+		}
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
