@@ -25,9 +25,13 @@ setup: build
 	@bash scripts/setup.sh
 	@$(BIN) host init --yes --dns $(DNS)
 
+# The drill's specs flip host-wide layers (br_netfilter, the real stack) in their seeded-hole
+# phase, so they run after every other package, alone.
 test: setup
-	@set -o pipefail; $(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... \
-		| $(GO) run ./internal/testsummary
+	@set -o pipefail; { \
+		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $$($(GO) list ./... | grep -v /drill/specs); \
+		if [ -d drill/specs ]; then $(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./drill/specs/...; fi; \
+	} | $(GO) run ./internal/testsummary
 
 drill: setup
 	$(BIN) drill --container --record RUNS.md
@@ -37,7 +41,7 @@ bench: setup
 
 vet:
 	$(GO) vet ./...
-	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 clean:
 	rm -rf bin
