@@ -55,7 +55,10 @@ const (
 
 // DNSOptions are the dnsmasq lines that close name-based reconnaissance: with dns.mode=none
 // dnsmasq still registers DHCP hostnames and serves /etc/hosts (measured, FACTS.md).
-var DNSOptions = []string{"dhcp-ignore-names", "no-hosts", "no-resolv"}
+// domain-needed keeps plain (dotless) names from being forwarded upstream, and bogus-priv
+// answers reverse lookups of private ranges locally, so a box cannot ask the host's own
+// resolver for the names of the LAN.
+var DNSOptions = []string{"dhcp-ignore-names", "no-hosts", "no-resolv", "domain-needed", "bogus-priv"}
 
 // NetworkConfig is the desired config of the bridge for a gateway/prefix and upstream resolvers.
 // extraDNSLines are appended to raw.dnsmasq (the drill's temporary test-domain forwarder).
