@@ -11,7 +11,8 @@ import (
 var ErrNotFound = errors.New("not found")
 
 // ErrConflict matches (errors.Is) any API error with status 409, or whose message says the
-// object "already exists".
+// object "already exists" (or, for operations that fail on a duplicate name, "UNIQUE
+// constraint failed").
 var ErrConflict = errors.New("already exists")
 
 // StatusError is an error returned by the Incus API, either directly (Code is the HTTP or
@@ -42,7 +43,12 @@ func (e *StatusError) Is(target error) bool {
 	case ErrNotFound:
 		return e.Code == http.StatusNotFound
 	case ErrConflict:
-		return e.Code == http.StatusConflict || strings.Contains(strings.ToLower(e.Message), "already exists")
+		if e.Code == http.StatusConflict {
+			return true
+		}
+		m := strings.ToLower(e.Message)
+		// Some duplicates surface only as a database error inside an operation.
+		return strings.Contains(m, "already exists") || strings.Contains(m, "unique constraint failed")
 	}
 	return false
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gorilla/websocket"
 )
@@ -135,8 +136,11 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 	ctl := &lockedConn{c: conns["control"]}
 	stopCtl := make(chan struct{})
 	defer close(stopCtl)
+	// The daemon closes the control socket once the command has ended: with a tty that is
+	// the client's cue to close the data socket, which lets the operation finish.
+	ctlClosed := make(chan struct{})
 	go func() {
-		// Drain the control socket so pings and the close handshake are processed.
+		defer close(ctlClosed)
 		for {
 			if _, _, err := conns["control"].NextReader(); err != nil {
 				return
@@ -193,6 +197,15 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 		}
 	}()
 
+	// Wait for the operation alongside the output.
+	var final *Operation
+	var opErr error
+	opDone := make(chan struct{})
+	go func() {
+		final, opErr = c.WaitOperation(ctx, op.ID, nil)
+		close(opDone)
+	}()
+
 	var wg sync.WaitGroup
 	var outErr, errErr error
 	wg.Add(1)
@@ -201,13 +214,40 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 		wg.Add(1)
 		go func() { defer wg.Done(); errErr = pump(conns["2"], stderr) }()
 	}
-	wg.Wait()
+	pumped := make(chan struct{})
+	go func() { wg.Wait(); close(pumped) }()
+
+	// Bound the wait for the data sockets once the command is known to have ended.
+	watchdog := func() {
+		select {
+		case <-pumped:
+		case <-time.After(5 * time.Second):
+			closeAll()
+		}
+	}
+	ended, opCh := ctlClosed, (<-chan struct{})(opDone)
+	for done := false; !done; {
+		select {
+		case <-pumped:
+			done = true
+		case <-ended:
+			// The command has ended: close our side of the data socket; the daemon then
+			// sends what output is left and closes it.
+			ended = nil
+			_ = in.WriteControl(websocket.CloseMessage,
+				websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			go watchdog()
+		case <-opCh:
+			opCh = nil
+			go watchdog()
+		}
+	}
+	<-opDone
 	if ctx.Err() != nil {
 		return -1, fmt.Errorf("incus: exec in %s: %w", inst, ctx.Err())
 	}
-	final, err := c.WaitOperation(ctx, op.ID, nil)
-	if err != nil {
-		return -1, err
+	if opErr != nil {
+		return -1, opErr
 	}
 	if outErr != nil {
 		return -1, fmt.Errorf("incus: exec: writing stdout: %w", outErr)

@@ -110,3 +110,20 @@ func (c *Client) DeleteImageAlias(ctx context.Context, alias string) error {
 	_, err := c.call(ctx, http.MethodDelete, "/1.0/images/aliases/"+esc(alias), nil, nil)
 	return err
 }
+
+// Images lists all images in the store.
+func (c *Client) Images(ctx context.Context) ([]Image, error) {
+	var js []imageJSON
+	if _, err := c.get(ctx, "/1.0/images?recursion=1", &js); err != nil {
+		return nil, err
+	}
+	out := make([]Image, 0, len(js))
+	for _, j := range js {
+		img := j.Image
+		for _, a := range j.Aliases {
+			img.Aliases = append(img.Aliases, a.Name)
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}

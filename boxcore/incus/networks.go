@@ -158,3 +158,12 @@ func (c *Client) DeleteNetworkACL(ctx context.Context, name string) error {
 	_, err := c.call(ctx, http.MethodDelete, "/1.0/network-acls/"+esc(name), nil, nil)
 	return err
 }
+
+// NetworkACLs lists all network ACLs.
+func (c *Client) NetworkACLs(ctx context.Context) ([]NetworkACL, error) {
+	var out []NetworkACL
+	if _, err := c.get(ctx, "/1.0/network-acls?recursion=1", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package incus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -12,18 +13,18 @@ import (
 
 // Operation is an Incus background operation (/1.0/operations/<id>).
 type Operation struct {
-	ID          string                `json:"id"`
-	Class       string                `json:"class"`
-	Description string                `json:"description"`
-	CreatedAt   time.Time             `json:"created_at"`
-	UpdatedAt   time.Time             `json:"updated_at"`
-	Status      string                `json:"status"`
-	StatusCode  int                   `json:"status_code"`
-	Resources   map[string][]string   `json:"resources"`
-	Metadata    map[string]any        `json:"metadata"`
-	MayCancel   bool                  `json:"may_cancel"`
-	Err         string                `json:"err"`
-	Location    string                `json:"location"`
+	ID          string              `json:"id"`
+	Class       string              `json:"class"`
+	Description string              `json:"description"`
+	CreatedAt   time.Time           `json:"created_at"`
+	UpdatedAt   time.Time           `json:"updated_at"`
+	Status      string              `json:"status"`
+	StatusCode  int                 `json:"status_code"`
+	Resources   map[string][]string `json:"resources"`
+	Metadata    map[string]any      `json:"metadata"`
+	MayCancel   bool                `json:"may_cancel"`
+	Err         string              `json:"err"`
+	Location    string              `json:"location"`
 }
 
 // Operation status codes (Incus's shared/api/status_code.go).
@@ -81,6 +82,13 @@ func (c *Client) WaitOperation(ctx context.Context, id string, progress func(Pro
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("incus: waiting for operation %s: %w", id, ctx.Err())
+			}
+			// The daemon answers /wait for a failed operation with an error envelope
+			// carrying the operation's err text (code 500 usually): report it as the
+			// operation's failure. "Operation not found" is about the wait itself.
+			var se *StatusError
+			if errors.As(err, &se) && se.Operation == "" && se.Message != "Operation not found" {
+				return nil, &StatusError{Code: se.Code, Message: se.Message, Operation: id}
 			}
 			return nil, err
 		}

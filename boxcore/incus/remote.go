@@ -20,7 +20,7 @@ import (
 
 // cliConfig is the part of the incus CLI's config.yml that Connect reads.
 type cliConfig struct {
-	DefaultRemote string                   `yaml:"default-remote"`
+	DefaultRemote string                     `yaml:"default-remote"`
 	Remotes       map[string]cliConfigRemote `yaml:"remotes"`
 }
 
