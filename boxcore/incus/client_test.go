@@ -1,0 +1,451 @@
+package incus_test
+
+// Unit tests against fake Incus servers (httptest, also on a Unix socket): error mapping,
+// operation waiting, remote resolution, the exec websocket protocol.
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func sync(md any) map[string]any {
+	return map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": md}
+}
+
+func apiErr(code int, msg string) map[string]any {
+	return map[string]any{"type": "error", "error_code": code, "error": msg}
+}
+
+func async(id string, md map[string]any) map[string]any {
+	return map[string]any{"type": "async", "status": "Operation created", "status_code": 100,
+		"operation": "/1.0/operations/" + id,
+		"metadata":  map[string]any{"id": id, "status": "Running", "status_code": 103, "metadata": md}}
+}
+
+func op(id string, code int, errText string, md map[string]any) map[string]any {
+	status := map[int]string{103: "Running", 200: "Success", 400: "Failure"}[code]
+	return sync(map[string]any{"id": id, "status": status, "status_code": code, "err": errText, "metadata": md})
+}
+
+func fakeServer(t *testing.T, h http.HandlerFunc) *incus.Client {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return incus.NewHTTPClient(srv.URL, srv.Client())
+}
+
+func TestErrorMapping(t *testing.T) {
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/1.0/instances/missing":
+			writeJSON(w, 404, apiErr(404, "Instance not found"))
+		case "/1.0/instances/dup":
+			writeJSON(w, 409, apiErr(409, "Instance \"dup\" already exists"))
+		case "/1.0/instances/boom":
+			writeJSON(w, 500, apiErr(500, "Failed to frobnicate"))
+		case "/1.0/instances/proxy":
+			w.WriteHeader(502)
+			fmt.Fprint(w, "<html>bad gateway</html>")
+		default:
+			writeJSON(w, 404, apiErr(404, "not found"))
+		}
+	})
+	ctx := context.Background()
+	_, _, err := c.Instance(ctx, "missing")
+	if !errors.Is(err, incus.ErrNotFound) || errors.Is(err, incus.ErrConflict) {
+		t.Errorf("404: %v", err)
+	}
+	_, _, err = c.Instance(ctx, "dup")
+	if !errors.Is(err, incus.ErrConflict) || errors.Is(err, incus.ErrNotFound) {
+		t.Errorf("409: %v", err)
+	}
+	_, _, err = c.Instance(ctx, "boom")
+	var se *incus.StatusError
+	if !errors.As(err, &se) || se.Code != 500 || !strings.Contains(err.Error(), "Failed to frobnicate") {
+		t.Errorf("500: %#v", err)
+	}
+	if errors.Is(err, incus.ErrNotFound) || errors.Is(err, incus.ErrConflict) {
+		t.Errorf("500 matches a sentinel: %v", err)
+	}
+	_, _, err = c.Instance(ctx, "proxy")
+	if !errors.As(err, &se) || se.Code != 502 {
+		t.Errorf("502 without JSON: %#v", err)
+	}
+	if (&incus.StatusError{Code: 400, Message: "UNIQUE constraint failed: instances.name"}).Is(incus.ErrConflict) != true {
+		t.Errorf("database duplicate is not a conflict")
+	}
+}
+
+// unixServer serves h on a Unix socket in a temp dir.
+func unixServer(t *testing.T, h http.Handler) string {
+	sock := filepath.Join(t.TempDir(), "unix.socket")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener = l
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return sock
+}
+
+func TestUnixSocket(t *testing.T) {
+	sock := unixServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/1.0" {
+			writeJSON(w, 404, apiErr(404, "not found"))
+			return
+		}
+		writeJSON(w, 200, sync(map[string]any{"api_version": "1.0", "environment": map[string]any{
+			"server_version": "6.0.4", "kernel": "Linux", "driver": "lxc | qemu", "firewall": "nftables",
+			"storage_supported_drivers": []map[string]any{{"Name": "dir"}, {"Name": "zfs"}}}}))
+	}))
+	c := incus.NewUnixClient(sock)
+	s, err := c.Server(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Version != "6.0.4" || !s.VMSupported || len(s.InstanceTypes) != 2 || s.StorageDrivers[1] != "zfs" || c.Remote() != "local" {
+		t.Errorf("server: %+v", s)
+	}
+}
+
+func TestDaemonUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.socket")
+	_, err := incus.NewUnixClient(missing).Server(context.Background())
+	var de *incus.DaemonUnreachableError
+	if !errors.As(err, &de) || de.Socket != missing {
+		t.Fatalf("missing socket: %#v", err)
+	}
+	want := "the Incus daemon is not answering at " + missing + ": start it with 'make setup' (or 'systemctl start incus')"
+	if err.Error() != want {
+		t.Errorf("message:\n got %q\nwant %q", err.Error(), want)
+	}
+	// A socket file nobody listens on: connection refused.
+	refused := filepath.Join(dir, "refused.socket")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: refused, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	_, err = incus.NewUnixClient(refused).Instances(context.Background(), nil, false)
+	if !errors.As(err, &de) || !strings.Contains(err.Error(), "make setup") {
+		t.Errorf("refused socket: %#v", err)
+	}
+	// Connect("") honours INCUS_SOCKET, then INCUS_DIR.
+	t.Setenv("INCUS_SOCKET", missing)
+	c, err := incus.Connect(context.Background(), "")
+	if err != nil || c.Remote() != "local" {
+		t.Fatalf("Connect: %v", err)
+	}
+	if _, err := c.Server(context.Background()); !errors.As(err, &de) || de.Socket != missing {
+		t.Errorf("INCUS_SOCKET not used: %v", err)
+	}
+	t.Setenv("INCUS_SOCKET", "")
+	t.Setenv("INCUS_DIR", dir)
+	if got := incus.LocalSocket(); got != filepath.Join(dir, "unix.socket") {
+		t.Errorf("INCUS_DIR: %s", got)
+	}
+}
+
+func TestOperations(t *testing.T) {
+	var waits atomic.Int32
+	var lastTimeout atomic.Int64
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == "POST" && r.URL.Path == "/1.0/instances":
+			var req incus.InstancesPost
+			_ = json.NewDecoder(r.Body).Decode(&req)
+			writeJSON(w, 202, async("op-"+req.Name, nil))
+		case r.URL.Path == "/1.0/operations/op-ok/wait":
+			n := waits.Add(1)
+			if n == 1 {
+				writeJSON(w, 200, op("op-ok", 103, "", map[string]any{"download_progress": "rootfs: 42% (1.2MB/s)"}))
+				return
+			}
+			writeJSON(w, 200, op("op-ok", 200, "", map[string]any{"download_progress": "rootfs: 100% (1.2MB/s)"}))
+		case r.URL.Path == "/1.0/operations/op-fail/wait":
+			// What the daemon does for a failed operation: an error envelope with its err.
+			writeJSON(w, 500, apiErr(500, "Failed creating instance from image: no space left"))
+		case r.URL.Path == "/1.0/operations/op-fail2/wait":
+			writeJSON(w, 200, op("op-fail2", 400, "Failed something", nil))
+		case r.URL.Path == "/1.0/operations/op-slow/wait":
+			s, _ := strconv.ParseInt(r.URL.Query().Get("timeout"), 10, 64)
+			lastTimeout.Store(s)
+			select {
+			case <-r.Context().Done():
+			case <-time.After(time.Duration(s) * time.Second):
+				writeJSON(w, 200, op("op-slow", 103, "", nil))
+			}
+		default:
+			writeJSON(w, 404, apiErr(404, "Operation not found"))
+		}
+	})
+	var events []incus.ProgressEvent
+	err := c.CreateInstance(context.Background(), incus.InstancesPost{Name: "ok"}, func(e incus.ProgressEvent) { events = append(events, e) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events) != 2 || events[0].Percent != 42 || events[0].Key != "download_progress" || events[1].Percent != 100 {
+		t.Errorf("progress: %+v", events)
+	}
+	for _, name := range []string{"fail", "fail2"} {
+		err = c.CreateInstance(context.Background(), incus.InstancesPost{Name: name}, nil)
+		var se *incus.OperationError
+		if !errors.As(err, &se) || se.Operation != "op-"+name || !strings.Contains(err.Error(), "Failed") {
+			t.Errorf("%s: %#v", name, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = c.CreateInstance(ctx, incus.InstancesPost{Name: "slow"}, nil)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
+		t.Errorf("deadline: %v after %v", err, time.Since(start))
+	}
+	if s := lastTimeout.Load(); s < 1 || s > 1 {
+		t.Errorf("wait timeout %d s for a 300 ms deadline, want 1", s)
+	}
+	_, err = c.WaitOperation(context.Background(), "nope", nil)
+	if !errors.Is(err, incus.ErrNotFound) {
+		t.Errorf("missing operation: %v", err)
+	}
+}
+
+func TestFilterExpr(t *testing.T) {
+	got := incus.FilterExpr(map[string]string{"user.claudebox": "1", "user.b": "two words", "user.a": ""})
+	want := `config.user.a eq "" and config.user.b eq "two words" and config.user.claudebox eq 1`
+	if got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+	var seen string
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		seen = r.URL.RawQuery
+		writeJSON(w, 200, sync([]map[string]any{{"name": "x", "config": map[string]string{"user.claudebox": "1"}}}))
+	})
+	in, err := c.Instances(context.Background(), map[string]string{"user.claudebox": "1"}, true)
+	if err != nil || len(in) != 1 || in[0].Name != "x" {
+		t.Fatal(in, err)
+	}
+	if seen != "filter=config.user.claudebox+eq+1&recursion=2" {
+		t.Errorf("query %q", seen)
+	}
+}
+
+// selfSigned returns a PEM certificate and key for 127.0.0.1.
+func selfSigned(t *testing.T, cn string) (certPEM, keyPEM []byte, cert tls.Certificate) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	cert, err = tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certPEM, keyPEM, cert
+}
+
+func TestConnectRemote(t *testing.T) {
+	srvPEM, _, srvCert := selfSigned(t, "server")
+	cliPEM, cliKey, _ := selfSigned(t, "client")
+	var peer atomic.Value
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TLS.PeerCertificates) > 0 {
+			peer.Store(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.TLS.PeerCertificates[0].Raw}))
+		}
+		writeJSON(w, 200, sync(map[string]any{"api_version": "1.0", "auth": "trusted",
+			"environment": map[string]any{"server_version": "6.0.4", "driver": "lxc"}}))
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAnyClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	dir := t.TempDir()
+	t.Setenv("INCUS_CONF", dir)
+	cfg := fmt.Sprintf(`default-remote: local
+remotes:
+  r1:
+    addr: %s
+    protocol: incus
+  r2:
+    addr: %s
+  images:
+    addr: https://images.example.org
+    protocol: simplestreams
+    public: true
+  local:
+    addr: unix://
+`, srv.URL, srv.URL)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dir, "config.yml"), []byte(cfg), 0o600))
+	must(os.WriteFile(filepath.Join(dir, "client.crt"), cliPEM, 0o600))
+	must(os.WriteFile(filepath.Join(dir, "client.key"), cliKey, 0o600))
+	must(os.MkdirAll(filepath.Join(dir, "servercerts"), 0o755))
+	must(os.WriteFile(filepath.Join(dir, "servercerts", "r1.crt"), srvPEM, 0o644))
+	ctx := context.Background()
+
+	_, err := incus.Connect(ctx, "nope")
+	var ue *incus.UnknownRemoteError
+	if !errors.As(err, &ue) || ue.Name != "nope" || !strings.Contains(err.Error(), `"nope"`) || !strings.Contains(err.Error(), "incus remote list") {
+		t.Errorf("unknown remote: %v", err)
+	}
+	if _, err := incus.Connect(ctx, "images"); err == nil || !strings.Contains(err.Error(), "simplestreams") {
+		t.Errorf("simplestreams remote: %v", err)
+	}
+	c, err := incus.Connect(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Remote() != "r1" {
+		t.Errorf("Remote() = %q", c.Remote())
+	}
+	s, err := c.Server(ctx)
+	if err != nil || s.Version != "6.0.4" {
+		t.Fatalf("HTTPS remote: %+v %v", s, err)
+	}
+	if got, _ := peer.Load().([]byte); string(got) != string(cliPEM) {
+		t.Errorf("server saw client certificate %q", got)
+	}
+	// r2 has no pinned certificate: the self-signed server fails system verification.
+	c2, err := incus.Connect(ctx, "r2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Server(ctx); err == nil {
+		t.Errorf("unpinned self-signed server accepted")
+	}
+	// A pinned certificate that is not the server's is refused.
+	other, _, _ := selfSigned(t, "other")
+	must(os.WriteFile(filepath.Join(dir, "servercerts", "r2.crt"), other, 0o644))
+	c2, _ = incus.Connect(ctx, "r2")
+	if _, err := c2.Server(ctx); err == nil {
+		t.Errorf("wrong pinned certificate accepted")
+	}
+	// "local" in the config is the Unix socket.
+	if c, err := incus.Connect(ctx, "local"); err != nil || c.Remote() != "local" {
+		t.Errorf("local: %v", err)
+	}
+	// No config file at all: unknown remote.
+	t.Setenv("INCUS_CONF", t.TempDir())
+	if _, err := incus.Connect(ctx, "r1"); !errors.As(err, &ue) {
+		t.Errorf("no config: %v", err)
+	}
+}
+
+// TestExecProtocol plays the daemon's side of a non-interactive exec.
+func TestExecProtocol(t *testing.T) {
+	up := websocket.Upgrader{}
+	conns := make(chan [2]any, 8)
+	var stdinGot atomic.Value
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/1.0/instances/x/exec":
+			var req map[string]any
+			_ = json.NewDecoder(r.Body).Decode(&req)
+			if req["wait-for-websocket"] != true || req["interactive"] != false {
+				writeJSON(w, 400, apiErr(400, "bad request"))
+				return
+			}
+			writeJSON(w, 202, async("ex", map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+		case r.URL.Path == "/1.0/operations/ex/websocket":
+			ws, err := up.Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			conns <- [2]any{r.URL.Query().Get("secret"), ws}
+		case r.URL.Path == "/1.0/operations/ex/wait":
+			writeJSON(w, 200, op("ex", 200, "", map[string]any{"return": 3}))
+		default:
+			writeJSON(w, 404, apiErr(404, "not found"))
+		}
+	})
+	go func() {
+		byName := map[string]*websocket.Conn{}
+		for len(byName) < 4 {
+			x := <-conns
+			byName[x[0].(string)] = x[1].(*websocket.Conn)
+		}
+		// stdin until the client's close message.
+		var in []byte
+		for {
+			_, b, err := byName["s0"].ReadMessage()
+			if err != nil {
+				break
+			}
+			in = append(in, b...)
+		}
+		stdinGot.Store(string(in))
+		_ = byName["s1"].WriteMessage(websocket.BinaryMessage, []byte("out:"+string(in)))
+		_ = byName["s2"].WriteMessage(websocket.BinaryMessage, []byte("err"))
+		for _, k := range []string{"s1", "s2", "control"} {
+			if k == "control" {
+				k = "sc"
+			}
+			_ = byName[k].WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+			byName[k].Close()
+		}
+		byName["s0"].Close()
+	}()
+	r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"cat"}, Stdin: strings.NewReader("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Stdout) != "out:hello" || string(r.Stderr) != "err" || r.ExitCode != 3 {
+		t.Errorf("result: %q %q %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+	if _, err := c.Exec(context.Background(), "x", incus.ExecRequest{}); err == nil {
+		t.Errorf("empty command accepted")
+	}
+}

@@ -1,0 +1,157 @@
+package scratch_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/internal/scratch"
+	"github.com/claudebox/claudebox/internal/testenv"
+)
+
+func TestBuild(t *testing.T) {
+	bin := []byte("\x7fELF pretend static binary")
+	a, h1, err := scratch.Build(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, h2, _ := scratch.Build(bin)
+	if !bytes.Equal(a, b) || h1 != h2 || len(h1) != 64 {
+		t.Fatalf("not deterministic: %v %s %s", bytes.Equal(a, b), h1, h2)
+	}
+	if _, h3, _ := scratch.Build(append(bin, 'x')); h3 == h1 {
+		t.Errorf("different binaries, same hash")
+	}
+	if got := scratch.Alias("cbt-x", h1); got != "cbt-x-"+h1[:16] {
+		t.Errorf("alias %s", got)
+	}
+	entries := map[string]*tar.Header{}
+	tr := tar.NewReader(bytes.NewReader(a))
+	var meta, init []byte
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries[h.Name] = h
+		switch h.Name {
+		case "metadata.yaml":
+			meta, _ = io.ReadAll(tr)
+		case "rootfs/sbin/init":
+			init, _ = io.ReadAll(tr)
+		}
+		if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(time.Unix(1700000000, 0)) {
+			t.Errorf("%s: owner %d:%d time %v", h.Name, h.Uid, h.Gid, h.ModTime)
+		}
+	}
+	if !bytes.Equal(init, bin) || entries["rootfs/sbin/init"].Mode != 0o755 {
+		t.Errorf("/sbin/init: %q mode %o", init, entries["rootfs/sbin/init"].Mode)
+	}
+	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "etc", "root", "var"} {
+		h := entries["rootfs/"+d+"/"]
+		if h == nil || h.Typeflag != tar.TypeDir {
+			t.Errorf("rootfs/%s/ missing", d)
+		}
+	}
+	if entries["rootfs/tmp/"].Mode != 0o1777 {
+		t.Errorf("/tmp mode %o", entries["rootfs/tmp/"].Mode)
+	}
+	if entries["rootfs/etc/hostname"] != nil {
+		t.Errorf("has /etc/hostname")
+	}
+	m := string(meta)
+	if !strings.Contains(m, "architecture: "+scratch.Arch()) || !strings.Contains(m, "creation_date: 1700000000") || !strings.Contains(m, h1) {
+		t.Errorf("metadata.yaml:\n%s", m)
+	}
+}
+
+// TestBoot imports a scratch image of testinit (first without alias, as a concurrent
+// importer would), lets EnsureImage adopt it, boots a container from the alias, runs a
+// command in it and stops it cleanly (fast: the init handles LXC's halt signal).
+func TestBoot(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	testenv.Sweep(t, c, "scratch")
+	prefix := testenv.Prefix("scratch")
+	bin := testenv.BuildTestInit(t, prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	tarball, hash, err := scratch.BuildFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := c.ImportImage(ctx, bytes.NewReader(tarball), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.DeleteImage(context.Background(), fp); err != nil && !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("deleting image: %v", err)
+		}
+	})
+	if fp != scratch.Fingerprint(tarball) {
+		t.Errorf("fingerprint %s, want %s", fp, scratch.Fingerprint(tarball))
+	}
+	start := time.Now()
+	alias, err := scratch.EnsureImage(ctx, c, bin, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alias != scratch.Alias(prefix, hash) {
+		t.Errorf("alias %s", alias)
+	}
+	again, err := scratch.EnsureImage(ctx, c, bin, prefix)
+	if err != nil || again != alias {
+		t.Errorf("reuse: %s %v", again, err)
+	}
+	t.Logf("EnsureImage (adopt + reuse): %v", time.Since(start))
+	img, err := c.ImageByAlias(ctx, alias)
+	if err != nil || img.Fingerprint != fp || img.Properties["claudebox.hash"] != hash {
+		t.Fatalf("image: %+v %v", img, err)
+	}
+
+	name := prefix + "-boot"
+	start = time.Now()
+	err = c.CreateInstance(ctx, incus.InstancesPost{Name: name, Profiles: []string{}, Config: testenv.Tag(),
+		Devices: testenv.RootDisk(t, c), Start: true, Source: incus.InstanceSource{Type: "image", Alias: alias}}, nil)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = c.SetState(ctx, name, "stop", true, 0)
+		if err := c.DeleteInstance(ctx, name); err != nil && !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("deleting %s: %v", name, err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("launch: %v", time.Since(start))
+	st, err := c.InstanceState(ctx, name)
+	if err != nil || st.Status != "Running" {
+		t.Fatalf("state: %+v %v", st, err)
+	}
+	r, err := c.Exec(ctx, name, incus.ExecRequest{Command: []string{"/sbin/init", "tag"}})
+	if err != nil || strings.TrimSpace(string(r.Stdout)) != prefix {
+		t.Errorf("exec: %q %v", r.Stdout, err)
+	}
+	r, err = c.Exec(ctx, name, incus.ExecRequest{Command: []string{"/sbin/init", "stat", "/tmp"}})
+	if err != nil || strings.TrimSpace(string(r.Stdout)) != "1777 0 0" {
+		t.Errorf("/tmp: %q %v", r.Stdout, err)
+	}
+	start = time.Now()
+	if err := c.SetState(ctx, name, "stop", false, 10*time.Second); err != nil {
+		t.Fatalf("clean stop: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("clean stop took %v: init ignored the halt signal", d)
+	}
+	t.Logf("clean stop: %v", time.Since(start))
+}
