@@ -65,5 +65,6 @@ func Commands() []Command {
 	cmds = append(cmds, boxCommands()...)
 	cmds = append(cmds, hostCommands()...)
 	cmds = append(cmds, miscCommands()...)
+	cmds = append(cmds, drillCommands()...)
 	return cmds
 }

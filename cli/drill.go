@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/drill"
+)
+
+func drillCommands() []Command {
+	return []Command{{
+		Name:     "drill",
+		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--json] [--keep] [--cleanup] [--self-test --yes]",
+		Summary:  "prove the isolation: real boxes, probes, decoy hosts, positive controls (and seeded holes with --self-test)",
+		Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "vm", Usage: "virtual-machine boxes (needs --image with the Incus agent, and KVM)"},
+			&cli.BoolFlag{Name: "container", Usage: "container boxes from the scratch probe image (default)"},
+			&cli.IntFlag{Name: "boxes", Value: 2, Usage: "how many boxes (at least 2)"},
+			&cli.StringFlag{Name: "image", Usage: "box image (default: the scratch probe image built from this binary)"},
+			&cli.StringFlag{Name: "record", Usage: "append the run to this Markdown file (and its .jsonl sibling) (default: " + drill.DefaultRecord() + ")"},
+			&cli.BoolFlag{Name: "json", Usage: "also print the run as one JSON line"},
+			&cli.BoolFlag{Name: "keep", Usage: "leave the boxes running afterwards (--cleanup removes them)"},
+			&cli.BoolFlag{Name: "cleanup", Usage: "only remove what dead drill runs left behind, then exit"},
+			&cli.BoolFlag{Name: "self-test", Usage: "after the matrix, seed a hole per layer (CHANGES THE HOST STACK, restores it; needs --yes)"},
+			&cli.StringSliceFlag{Name: "hole", Usage: "with --self-test: only this seeded hole (repeatable)"},
+			&cli.BoolFlag{Name: "yes", Usage: "confirm --self-test"},
+			&cli.DurationFlag{Name: "timeout", Value: 1500 * time.Millisecond, Usage: "the probes' shared timeout window"},
+		},
+		Action: runDrill,
+	}}
+}
+
+func runDrill(c *Ctx) error {
+	ctx := c.Context.Context
+	if c.Bool("cleanup") {
+		done, err := drill.Cleanup(ctx, c.Client)
+		for _, d := range done {
+			c.Out("removed %s", d)
+		}
+		if err != nil {
+			return err
+		}
+		if len(done) == 0 {
+			c.Out("nothing left by dead drill runs")
+		}
+		return nil
+	}
+	if c.Bool("vm") && c.Bool("container") {
+		return boxcore.Usagef("drill: --vm and --container exclude each other")
+	}
+	if c.Bool("self-test") && !c.Bool("yes") {
+		return boxcore.Usagef("drill --self-test switches each isolation layer off in turn on this host (and restores it): pass --yes to go ahead")
+	}
+	if c.Int("boxes") < 2 {
+		return boxcore.Usagef("drill: --boxes must be at least 2")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	rep, err := drill.Run(ctx, drill.Options{
+		Client: c.Client, Stack: c.Env.Stack, Boxes: c.Int("boxes"), VM: c.Bool("vm"), Image: c.String("image"),
+		Binary: bin, Keep: c.Bool("keep"), Version: Version, Progress: c.Env.Stderr, Timeout: c.Duration("timeout"),
+		SelfTest: c.Bool("self-test"), Holes: c.StringSlice("hole"),
+	})
+	if rep == nil {
+		return err
+	}
+	if c.Bool("vm") {
+		rep.InstanceType = "virtual-machine"
+	}
+	rep.PrintMatrix(c.Env.Stdout)
+	record := c.String("record")
+	if record == "" {
+		record = drill.DefaultRecord()
+	}
+	if aerr := rep.Append(record); aerr != nil {
+		c.Warn("drill: could not append the record to %s: %v", record, aerr)
+	} else {
+		c.Warn("drill: recorded in %s and %s", record, drill.JSONLPath(record))
+	}
+	if c.Bool("json") {
+		fmt.Fprintln(c.Env.Stdout, string(rep.JSON()))
+	}
+	if err != nil {
+		return err
+	}
+	if !rep.OK {
+		return exitError{1}
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package drill
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+// Cleanup removes what dead drill runs left: instances carrying the drill tag, decoy
+// namespaces and veths (their routes go with them) by name prefix, and the test-domain
+// forwarder line in any network's raw.dnsmasq. It takes the drill lock, so a live run is
+// never touched (it waits up to 30 s for one to finish).
+func Cleanup(ctx context.Context, c *incus.Client) ([]string, error) {
+	lock, err := acquireLock()
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	return cleanupLocked(ctx, c)
+}
+
+func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
+	var done []string
+	for _, n := range deleteTagged(ctx, c, func(incus.Instance) bool { return true }) {
+		done = append(done, "instance "+n)
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, VethPrefix) && l.Type() == "veth" {
+			if netlink.LinkDel(l) == nil {
+				done = append(done, "veth "+l.Attrs().Name+" (and its routes)")
+			}
+		}
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), NetnsPrefix) {
+			if netns.DeleteNamed(e.Name()) == nil {
+				done = append(done, "netns "+e.Name())
+			} else {
+				_ = os.Remove(filepath.Join("/run/netns", e.Name()))
+			}
+		}
+	}
+	nets, err := c.Networks(ctx)
+	if err != nil {
+		return done, err
+	}
+	for _, n := range nets {
+		if !n.Managed || !strings.Contains(n.Config["raw.dnsmasq"], "/"+TestDomain+"/") {
+			continue
+		}
+		full, etag, err := c.Network(ctx, n.Name)
+		if err != nil {
+			return done, err
+		}
+		full.Config["raw.dnsmasq"] = strings.Join(stripForwarder(full.Config["raw.dnsmasq"]), "\n")
+		if err := c.UpdateNetwork(ctx, n.Name, full.Config, full.Description, etag); err != nil {
+			return done, err
+		}
+		done = append(done, "raw.dnsmasq forwarder line on "+n.Name)
+	}
+	return done, nil
+}
+
+// Leftovers lists what Cleanup would remove (the SIGKILL test asserts it is empty).
+func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
+	var out []string
+	insts, err := c.Instances(ctx, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, in := range insts {
+		if _, ok := in.Config[DrillTag]; ok {
+			out = append(out, "instance "+in.Name)
+		}
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+			out = append(out, "link "+l.Attrs().Name)
+		}
+	}
+	routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
+	for _, r := range routes {
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+			out = append(out, "route "+r.String())
+		}
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), NetnsPrefix) {
+			out = append(out, "netns "+e.Name())
+		}
+	}
+	nets, err := c.Networks(ctx)
+	if err != nil {
+		return out, err
+	}
+	for _, n := range nets {
+		if strings.Contains(n.Config["raw.dnsmasq"], "/"+TestDomain+"/") {
+			out = append(out, "raw.dnsmasq forwarder on "+n.Name)
+		}
+	}
+	return out, nil
+}

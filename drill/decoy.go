@@ -1,0 +1,425 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/drill/probes"
+)
+
+// Names of what the decoy puts on the host. Everything carries the run id, and the prefixes
+// are what --cleanup sweeps.
+const (
+	NetnsPrefix = "cbdrill-" // network namespace cbdrill-<run>
+	VethPrefix  = "cbdr"     // veth pair cbdr<run>h (host side) / cbdr<run>n (namespace side)
+)
+
+// Decoy ports: TCP and UDP echo like the probe agent, and TCP 80 for the metadata address.
+const (
+	DecoyTCP  = probes.DefaultTCPPort
+	DecoyUDP  = probes.DefaultUDPPort
+	DecoyHTTP = 80
+)
+
+// TestDomain is the domain the decoy DNS server answers; the bridge's dnsmasq forwards it
+// (and the other names the drill asks about) to the decoy during a run.
+const TestDomain = "claudebox-drill.test"
+
+// DecoyTarget is one address the decoy namespace holds.
+type DecoyTarget struct {
+	Range string     `json:"range"` // "10.0.0.0/8", ..., "public"
+	Addr  netip.Addr `json:"addr"`
+	Ports []int      `json:"tcp_ports"`
+}
+
+// Decoy is the namespace of hosts we own: LAN, CGNAT, link-local and "public" addresses.
+type Decoy struct {
+	Run        string
+	NS         string
+	HostVeth   string
+	NSVeth     string
+	HostAddr   netip.Addr // host side of the transfer /30
+	NSAddr     netip.Addr
+	Public     netip.Addr // the "internet", also the decoy DNS server
+	Targets    []DecoyTarget
+	PublicName string
+
+	ns        netns.NsHandle
+	listeners *probes.Listeners
+	dnsSrv    []*dns.Server
+	mu        sync.Mutex
+	queries   []string
+}
+
+// decoyRanges are the ranges a box must never reach; one address at each edge of each.
+var decoyRanges = boxcore.BlockedEgress
+
+// publicRange is where the "public" decoy and the transfer net come from: RFC 2544's
+// benchmarking range, which no real host on the internet uses.
+const publicRange = "198.18.0.0/15"
+
+// avoid is what an address must not collide with: host routes (non-default), host
+// addresses and their subnets, the host's resolvers (with their /24, to stay clear).
+type avoid struct {
+	nets []netip.Prefix
+}
+
+func readAvoid() (avoid, error) {
+	var a avoid
+	claims, err := boxcore.HostClaims()
+	if err != nil {
+		return a, err
+	}
+	for _, c := range claims {
+		if p, ok := prefixOf(c.Net); ok {
+			a.nets = append(a.nets, p)
+		}
+	}
+	if rs, err := boxcore.HostResolvers(); err == nil {
+		for _, r := range rs {
+			if ip, err := netip.ParseAddr(r); err == nil && ip.Is4() {
+				a.nets = append(a.nets, netip.PrefixFrom(ip, 24).Masked())
+			}
+		}
+	}
+	return a, nil
+}
+
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	ip, ok := netip.AddrFromSlice(n.IP.To4())
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(ip, ones).Masked(), true
+}
+
+func (a avoid) free(ip netip.Addr) bool {
+	for _, n := range a.nets {
+		if n.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+func addrAdd(ip netip.Addr, d int64) netip.Addr {
+	b := ip.As4()
+	v := int64(b[0])<<24 | int64(b[1])<<16 | int64(b[2])<<8 | int64(b[3])
+	v += d
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	return addrAdd(p.Addr(), (int64(1)<<(32-p.Bits()))-1)
+}
+
+// pickEdges returns the low and high edge of a range (first and last usable address),
+// stepping inward by 256 while an address collides with the host.
+func pickEdges(cidr string, a avoid) ([]netip.Addr, error) {
+	p := netip.MustParsePrefix(cidr)
+	var out []netip.Addr
+	for _, start := range []struct {
+		ip   netip.Addr
+		step int64
+	}{{addrAdd(p.Addr(), 1), 256}, {addrAdd(lastAddr(p), -1), -256}} {
+		ip := start.ip
+		for i := 0; i < 4096 && p.Contains(ip); i++ {
+			if a.free(ip) {
+				out = append(out, ip)
+				break
+			}
+			ip = addrAdd(ip, start.step)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("decoy: no free address in %s (the host routes all of it)", cidr)
+	}
+	if len(out) == 2 && out[0] == out[1] {
+		out = out[:1]
+	}
+	return out, nil
+}
+
+// PlanDecoy picks the decoy's addresses for a run: nothing is created.
+func PlanDecoy(run string) (*Decoy, error) {
+	a, err := readAvoid()
+	if err != nil {
+		return nil, err
+	}
+	d := &Decoy{Run: run, NS: NetnsPrefix + run, HostVeth: VethPrefix + run + "h", NSVeth: VethPrefix + run + "n"}
+	for _, r := range decoyRanges {
+		edges, err := pickEdges(r, a)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range edges {
+			d.Targets = append(d.Targets, DecoyTarget{Range: r, Addr: e, Ports: []int{DecoyTCP}})
+		}
+	}
+	md := netip.MustParseAddr("169.254.169.254")
+	if a.free(md) {
+		d.Targets = append(d.Targets, DecoyTarget{Range: "169.254.0.0/16 (metadata)", Addr: md, Ports: []int{DecoyTCP, DecoyHTTP}})
+	}
+	// One free /24 of 198.18.0.0/15: .10 is the public decoy, .252/30 the transfer net.
+	pub := netip.MustParsePrefix(publicRange)
+	for ip := pub.Addr(); pub.Contains(ip); ip = addrAdd(ip, 256) {
+		p24 := netip.PrefixFrom(ip, 24)
+		if a.free(ip) && a.free(addrAdd(ip, 255)) && overlapsNone(p24, a) {
+			d.Public = addrAdd(ip, 10)
+			d.HostAddr = addrAdd(ip, 253)
+			d.NSAddr = addrAdd(ip, 254)
+			break
+		}
+	}
+	if !d.Public.IsValid() {
+		return nil, errors.New("decoy: no free /24 in " + publicRange)
+	}
+	d.Targets = append(d.Targets, DecoyTarget{Range: "public", Addr: d.Public, Ports: []int{DecoyTCP}})
+	d.PublicName = "public." + run + "." + TestDomain
+	return d, nil
+}
+
+func overlapsNone(p netip.Prefix, a avoid) bool {
+	for _, n := range a.nets {
+		if n.Overlaps(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// Up creates the namespace, the veth, the addresses and /32 routes, starts the responders
+// and the DNS server inside the namespace, and verifies every decoy address is routed into
+// the veth. On error whatever was made is removed.
+func (d *Decoy) Up() (err error) {
+	defer func() {
+		if err != nil {
+			d.Down()
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("decoy: current netns: %w", err)
+	}
+	defer orig.Close()
+	ns, err := netns.NewNamed(d.NS) // switches this thread into it
+	if err != nil {
+		_ = netns.Set(orig)
+		return fmt.Errorf("decoy: creating netns %s: %w", d.NS, err)
+	}
+	d.ns = ns
+	if err := netns.Set(orig); err != nil {
+		return fmt.Errorf("decoy: back to the host netns: %w", err)
+	}
+
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: d.HostVeth}, PeerName: d.NSVeth}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("decoy: creating veth %s: %w", d.HostVeth, err)
+	}
+	peer, err := netlink.LinkByName(d.NSVeth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
+		return fmt.Errorf("decoy: moving %s into %s: %w", d.NSVeth, d.NS, err)
+	}
+	host, err := netlink.LinkByName(d.HostVeth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(d.HostAddr, 30)}); err != nil {
+		return fmt.Errorf("decoy: address on %s: %w", d.HostVeth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return err
+	}
+	// No IPv6 on the host side: it would only add link-local noise.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+d.HostVeth+"/disable_ipv6", []byte("1"), 0o644)
+
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer nh.Close()
+	nl, err := nh.LinkByName(d.NSVeth)
+	if err != nil {
+		return err
+	}
+	if err := nh.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(d.NSAddr, 30)}); err != nil {
+		return fmt.Errorf("decoy: transfer address: %w", err)
+	}
+	for _, t := range d.Targets {
+		if err := nh.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(t.Addr, 32)}); err != nil {
+			return fmt.Errorf("decoy: address %s: %w", t.Addr, err)
+		}
+	}
+	if err := nh.LinkSetUp(nl); err != nil {
+		return err
+	}
+	if lo, err := nh.LinkByName("lo"); err == nil {
+		_ = nh.LinkSetUp(lo)
+	}
+	if err := nh.RouteAdd(&netlink.Route{LinkIndex: nl.Attrs().Index, Gw: net.IP(d.HostAddr.AsSlice())}); err != nil {
+		return fmt.Errorf("decoy: default route in %s: %w", d.NS, err)
+	}
+	for _, t := range d.Targets {
+		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(t.Addr, 32), Gw: net.IP(d.NSAddr.AsSlice())}
+		if err := netlink.RouteAdd(r); err != nil {
+			return fmt.Errorf("decoy: host route %s: %w", t.Addr, err)
+		}
+	}
+
+	// Sockets are opened inside the namespace; the goroutines serving them run anywhere.
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	err = d.serveInNS()
+	if serr := netns.Set(orig); serr != nil {
+		// This thread is in the wrong namespace: let it die with the lock held.
+		panic(fmt.Sprintf("decoy: cannot return to the host netns: %v", serr))
+	}
+	if err != nil {
+		return err
+	}
+	return d.VerifyRoutes()
+}
+
+func (d *Decoy) serveInNS() error {
+	tcp := []int{DecoyTCP, DecoyHTTP}
+	ls, err := probes.Serve(context.Background(), probes.ListenerConfig{TCP: tcp, UDP: []int{DecoyUDP}, Banner: "claudebox-drill decoy"})
+	if err != nil {
+		return fmt.Errorf("decoy responders: %w", err)
+	}
+	d.listeners = ls
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(d.Public.String(), "53"))
+	if err != nil {
+		return fmt.Errorf("decoy DNS: %w", err)
+	}
+	ln, err := net.Listen("tcp4", net.JoinHostPort(d.Public.String(), "53"))
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("decoy DNS: %w", err)
+	}
+	h := dns.HandlerFunc(d.answer)
+	for _, s := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: ln, Handler: h}} {
+		d.dnsSrv = append(d.dnsSrv, s)
+		started := make(chan struct{})
+		s.NotifyStartedFunc = func() { close(started) }
+		go func() { _ = s.ActivateAndServe() }()
+		<-started
+	}
+	return nil
+}
+
+// answer is the decoy resolver: the public test name has the public decoy address;
+// everything else (the names the drill asks dnsmasq about) is NXDOMAIN, authoritatively.
+func (d *Decoy) answer(w dns.ResponseWriter, req *dns.Msg) {
+	m := new(dns.Msg)
+	m.SetReply(req)
+	m.Authoritative = true
+	found := false
+	for _, q := range req.Question {
+		d.mu.Lock()
+		d.queries = append(d.queries, dns.TypeToString[q.Qtype]+" "+q.Name)
+		d.mu.Unlock()
+		if strings.EqualFold(q.Name, dns.Fqdn(d.PublicName)) {
+			found = true
+			if q.Qtype == dns.TypeA {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1},
+					A: net.IP(d.Public.AsSlice())})
+			}
+		}
+	}
+	if !found {
+		m.Rcode = dns.RcodeNameError
+	}
+	_ = w.WriteMsg(m)
+}
+
+// Queries returns what the decoy resolver was asked, for evidence.
+func (d *Decoy) Queries() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.queries...)
+}
+
+// Hits returns who reached the decoy responders.
+func (d *Decoy) Hits() []probes.Hit {
+	if d.listeners == nil {
+		return nil
+	}
+	return d.listeners.Hits()
+}
+
+// VerifyRoutes asks the kernel, for every decoy address, where it would send a packet: it
+// must be the decoy veth. Network manners: no probe may ever leave this machine.
+func (d *Decoy) VerifyRoutes() error {
+	host, err := netlink.LinkByName(d.HostVeth)
+	if err != nil {
+		return fmt.Errorf("decoy: veth %s is gone: %w", d.HostVeth, err)
+	}
+	for _, t := range d.Targets {
+		rs, err := netlink.RouteGet(net.IP(t.Addr.AsSlice()))
+		if err != nil || len(rs) == 0 {
+			return fmt.Errorf("decoy: the host has no route to %s: %v", t.Addr, err)
+		}
+		if rs[0].LinkIndex != host.Attrs().Index {
+			return fmt.Errorf("decoy: the host routes %s via interface %d, not the decoy veth %s: refusing to probe it", t.Addr, rs[0].LinkIndex, d.HostVeth)
+		}
+	}
+	return nil
+}
+
+// Down stops the responders and removes the namespace and the veth (its routes go with it).
+func (d *Decoy) Down() {
+	for _, s := range d.dnsSrv {
+		_ = s.Shutdown()
+	}
+	d.dnsSrv = nil
+	if d.listeners != nil {
+		_ = d.listeners.Close()
+		d.listeners = nil
+	}
+	if l, err := netlink.LinkByName(d.HostVeth); err == nil {
+		_ = netlink.LinkDel(l)
+	}
+	if d.ns != 0 {
+		_ = d.ns.Close()
+		d.ns = 0
+	}
+	_ = netns.DeleteNamed(d.NS)
+}
+
+func ipnet(ip netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// ForwarderLine is the one raw.dnsmasq line a run adds: the test domain, the bridge's own
+// DNS domain, unqualified names (//) and the bridge subnet's reverse zone go to the decoy
+// resolver, so every name the drill asks about is answered on this machine (never by a
+// real upstream), while dnsmasq still answers first from whatever it holds itself.
+func ForwarderLine(domain string, subnet netip.Prefix, resolver netip.Addr) string {
+	b := subnet.Masked().Addr().As4()
+	rev := fmt.Sprintf("%d.%d.%d.in-addr.arpa", b[2], b[1], b[0])
+	return fmt.Sprintf("server=/%s/%s//%s/%s", TestDomain, domain, rev, resolver)
+}
+
+// IsForwarderLine recognises the drill's line (of any run).
+func IsForwarderLine(l string) bool {
+	return strings.HasPrefix(strings.TrimSpace(l), "server=/"+TestDomain+"/")
+}

@@ -1,0 +1,408 @@
+// Package drill is the isolation drill's engine: it mints real boxes on a stack, puts up
+// decoy hosts we own, runs the claims table (data, claims.go) as probes from inside the
+// boxes and from the host, and turns outcomes into verdicts that count only when their
+// positive controls passed. `claudebox drill` and the Ginkgo suite (drill/specs) share it.
+// docs/drill.md describes the matrix, the layers, and what was measured.
+package drill
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/internal/scratch"
+)
+
+// Options configure a drill run.
+type Options struct {
+	Client *incus.Client
+	Stack  boxcore.Stack
+	Boxes  int  // at least 2
+	VM     bool // VM mode: the box image plus the pushed binary (needs the Incus agent)
+	// Image: container mode defaults to the scratch probe image built from Binary; VM mode
+	// needs a VM image with the Incus agent.
+	Image string
+	// Binary is the static claudebox binary (os.Executable() for the CLI).
+	Binary  string
+	Keep    bool
+	Version string
+	// Progress gets one line per phase (nil: silent).
+	Progress io.Writer
+	// Timeout is the shared window of every probe (default 1.5 s).
+	Timeout time.Duration
+	// SelfTest runs the seeded holes after the matrix (mutates the host stack, restores it).
+	SelfTest bool
+	// Holes limits the self-test to these seeded holes (nil: all).
+	Holes []string
+	// Pause, for tests: the phase to stop at forever ("decoy-up", "minting", "probing").
+	Pause string
+}
+
+// engine is one run's state.
+type engine struct {
+	o         Options
+	c         *incus.Client
+	run       string
+	image     string
+	binary    []byte
+	boxes     []*Box
+	decoy     *Decoy
+	hostL     *probes.Listeners
+	hostTCP   int
+	hostUDP   int
+	gateway   netip.Prefix
+	domain    string
+	hostNames []string
+	hostAddrs []netip.Addr
+	netBefore *incus.Network
+	forwarder string
+	start     time.Time
+	lock      *os.File
+	phases    []Phase
+}
+
+// Phase is one timed step, for the progress lines and the record.
+type Phase struct {
+	Name    string        `json:"name"`
+	Elapsed time.Duration `json:"elapsed_ns"`
+}
+
+// NewRunID returns a 6-character run id.
+func NewRunID() string {
+	const abc = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = abc[int(b[i])%len(abc)]
+	}
+	return string(b)
+}
+
+func (e *engine) progress(format string, a ...any) {
+	if e.o.Progress != nil {
+		fmt.Fprintf(e.o.Progress, "drill: "+format+"\n", a...)
+	}
+}
+
+func (e *engine) phase(name string, f func() error) error {
+	t := time.Now()
+	e.progress("%s ...", name)
+	err := f()
+	d := time.Since(t)
+	e.phases = append(e.phases, Phase{name, d})
+	if err != nil {
+		e.progress("%s failed after %.2fs: %v", name, d.Seconds(), err)
+		return err
+	}
+	e.progress("%s done (%.2fs)", name, d.Seconds())
+	return nil
+}
+
+// pause parks the run forever at a phase when the test hook asks for it (SIGKILL tests).
+func (e *engine) pause(phase string) {
+	p := e.o.Pause
+	if p == "" {
+		p = os.Getenv("CLAUDEBOX_DRILL_PAUSE")
+	}
+	if p == phase {
+		fmt.Fprintf(os.Stderr, "drill: paused at %s (pid %d)\n", phase, os.Getpid())
+		select {}
+	}
+}
+
+// LockPath serialises drills on a host: decoy addresses, routes and the dnsmasq forwarder
+// are host-wide, so while a run holds it every other drill leftover is a dead run's.
+const LockPath = "/run/claudebox-drill.lock"
+
+func acquireLock() (*os.File, error) {
+	f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("drill lock: %w", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, errors.New("another drill is running on this host (lock " + LockPath + ")")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Run runs the drill: the matrix, then the seeded holes when SelfTest is set. The report is
+// returned even when the run failed part-way (with Error set).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Boxes < 2 {
+		o.Boxes = 2
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 1500 * time.Millisecond
+	}
+	e := &engine{o: o, c: o.Client, run: NewRunID(), start: time.Now()}
+	rep := &Report{RunID: e.run, Started: e.start.UTC(), Stack: o.Stack.Network, Boxes: o.Boxes}
+	lock, err := acquireLock()
+	if err != nil {
+		return nil, err
+	}
+	e.lock = lock
+	defer lock.Close()
+
+	err = e.runAll(ctx, rep)
+	// Teardown runs detached from ctx: a Ctrl-C still cleans up.
+	tctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_ = e.phase("teardown", func() error { return e.teardown(tctx) })
+	rep.Phases = e.phases
+	rep.Wall = time.Since(e.start)
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	rep.finish()
+	return rep, err
+}
+
+func (e *engine) runAll(ctx context.Context, rep *Report) error {
+	if err := e.phase("sweep leftovers of dead runs", func() error {
+		done, err := cleanupLocked(ctx, e.c)
+		for _, d := range done {
+			e.progress("  removed %s", d)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := e.readHost(ctx, rep); err != nil {
+		return err
+	}
+	rep.LayersBefore = ReadLayers(ctx, e.c, e.o.Stack, nil)
+	e.printLayers("layer state (read from the kernel before the run)", rep.LayersBefore)
+
+	// Decoys + forwarder and the probe image in parallel: they do not depend on each other.
+	var imgErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		imgErr = e.ensureImage(ctx)
+	}()
+	err := e.phase("decoy hosts up", func() error { return e.decoyUp(ctx) })
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	if imgErr != nil {
+		return imgErr
+	}
+	rep.Decoy = e.decoy
+	rep.Forwarder = e.forwarder
+	e.pause("decoy-up")
+	if err := e.phase(fmt.Sprintf("minting %d %s boxes on %s", e.o.Boxes, e.instanceType(), e.o.Stack.Profile), func() error {
+		var err error
+		e.boxes, err = e.mintBoxes(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+	rep.BoxList = e.boxes
+	var m *Matrix
+	if err := e.phase("probing", func() error {
+		e.pause("probing")
+		var err error
+		m, err = e.matrix(ctx, nil)
+		return err
+	}); err != nil {
+		return err
+	}
+	rep.Matrix = m
+	if e.o.SelfTest {
+		return e.phase("seeded holes", func() error { return e.selfTest(ctx, rep) })
+	}
+	return nil
+}
+
+func (e *engine) instanceType() string {
+	if e.o.VM {
+		return "virtual-machine"
+	}
+	return "container"
+}
+
+// ensureImage imports (once, by content hash) the scratch probe image of the binary.
+func (e *engine) ensureImage(ctx context.Context) error {
+	b, err := os.ReadFile(e.o.Binary)
+	if err != nil {
+		return fmt.Errorf("reading the probe binary: %w", err)
+	}
+	e.binary = b
+	if e.o.Image != "" {
+		e.image = e.o.Image
+		return nil
+	}
+	if e.o.VM {
+		return boxcore.Usagef("drill --vm: pass --image with a VM image that has the Incus agent (e.g. images:debian/12/cloud)")
+	}
+	e.image, err = scratch.EnsureImage(ctx, e.c, e.o.Binary, "claudebox-probe")
+	return err
+}
+
+// readHost reads what the rows need from the host: the bridge, its DNS domain, the host's
+// names and addresses.
+func (e *engine) readHost(ctx context.Context, rep *Report) error {
+	n, _, err := e.c.Network(ctx, e.o.Stack.Network)
+	if err != nil {
+		return fmt.Errorf("network %s: %w (run 'claudebox host init' first)", e.o.Stack.Network, err)
+	}
+	e.netBefore = &n
+	e.gateway, err = netip.ParsePrefix(n.Config["ipv4.address"])
+	if err != nil {
+		return fmt.Errorf("network %s has no IPv4 address", n.Name)
+	}
+	e.domain = n.Config["dns.domain"]
+	if e.domain == "" {
+		e.domain = "incus"
+	}
+	hn, _ := os.Hostname()
+	e.hostNames = append(e.hostNames, hn)
+	if b, err := os.ReadFile("/etc/hosts"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if i := strings.IndexByte(l, '#'); i >= 0 {
+				l = l[:i]
+			}
+			f := strings.Fields(l)
+			for _, name := range f[min(1, len(f)):] {
+				if !slices.Contains(e.hostNames, name) {
+					e.hostNames = append(e.hostNames, name)
+				}
+			}
+		}
+	}
+	// Host addresses: every IPv4 address on an interface that is not a bridge (other
+	// stacks' bridges come and go), plus our gateway.
+	e.hostAddrs = []netip.Addr{e.gateway.Addr()}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if l.Type() == "bridge" || strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+			continue
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			if ok && !ip.IsLoopback() && !slices.Contains(e.hostAddrs, ip) {
+				e.hostAddrs = append(e.hostAddrs, ip)
+			}
+		}
+	}
+	rep.Host = hostInfo(ctx, e.c)
+	return nil
+}
+
+// decoyUp creates the decoy namespace, the host listener and the dnsmasq forwarder.
+func (e *engine) decoyUp(ctx context.Context) error {
+	d, err := PlanDecoy(e.run)
+	if err != nil {
+		return err
+	}
+	if err := d.Up(); err != nil {
+		return err
+	}
+	e.decoy = d
+	for _, t := range d.Targets {
+		e.progress("  decoy %-26s %s", t.Range, t.Addr)
+	}
+	ls, err := probes.Serve(context.Background(), probes.ListenerConfig{TCP: []int{0}, UDP: []int{0}})
+	if err != nil {
+		return fmt.Errorf("host listener: %w", err)
+	}
+	e.hostL = ls
+	e.hostTCP = ls.TCPAddrs[0].(*net.TCPAddr).Port
+	e.hostUDP = ls.UDPAddrs[0].(*net.UDPAddr).Port
+	e.forwarder = ForwarderLine(e.domain, e.gateway, d.Public)
+	e.progress("  announce: the bridge's dnsmasq forwards the drill's names to the decoy during the run: raw.dnsmasq += %q (restored afterwards)", e.forwarder)
+	return e.setForwarder(ctx, true)
+}
+
+// setForwarder adds or removes the run's raw.dnsmasq line (Incus restarts dnsmasq).
+func (e *engine) setForwarder(ctx context.Context, on bool) error {
+	n, etag, err := e.c.Network(ctx, e.o.Stack.Network)
+	if err != nil {
+		return err
+	}
+	lines := stripForwarder(n.Config["raw.dnsmasq"])
+	if on {
+		lines = append(lines, e.forwarder)
+	}
+	cfg := n.Config
+	cfg["raw.dnsmasq"] = strings.Join(lines, "\n")
+	if err := e.c.UpdateNetwork(ctx, n.Name, cfg, n.Description, etag); err != nil {
+		return fmt.Errorf("setting the test-domain forwarder on %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+func stripForwarder(raw string) []string {
+	var out []string
+	for _, l := range strings.Split(raw, "\n") {
+		if strings.TrimSpace(l) != "" && !IsForwarderLine(l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func (e *engine) teardown(ctx context.Context) error {
+	var errs []error
+	var wg sync.WaitGroup
+	if !e.o.Keep {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Config[DrillTag] == e.run })
+		}()
+	} else if len(e.boxes) > 0 {
+		e.progress("  --keep: boxes left running: %s (remove with 'claudebox drill --cleanup')", boxNames(e.boxes))
+	}
+	if e.forwarder != "" {
+		if err := e.setForwarder(ctx, false); err != nil {
+			errs = append(errs, err)
+		} else {
+			e.progress("  restored raw.dnsmasq (forwarder removed)")
+		}
+	}
+	if e.hostL != nil {
+		_ = e.hostL.Close()
+	}
+	if e.decoy != nil {
+		e.decoy.Down()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func boxNames(bs []*Box) string {
+	var s []string
+	for _, b := range bs {
+		if b != nil {
+			s = append(s, b.Name)
+		}
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,322 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/drill/probes"
+)
+
+// DrillTag marks every instance a drill mints; its value is the run id.
+const DrillTag = "user.claudebox.drill"
+
+// Agent paths: the scratch image's init is the binary; in a VM the binary is pushed here.
+const (
+	ContainerAgent = "/sbin/init"
+	VMAgent        = "/usr/local/bin/claudebox-probe"
+)
+
+// Box is one drill box as the engine sees it after it is ready.
+type Box struct {
+	Name     string     `json:"name"`
+	IPv4     netip.Addr `json:"ipv4"`
+	Prefix   int        `json:"prefix"`
+	Gateway  netip.Addr `json:"gateway"`
+	LL       netip.Addr `json:"ipv6_link_local,omitzero"`
+	Hostname string     `json:"dhcp_hostname"` // what the agent sent as DHCP option 12
+	Veth     string     `json:"host_veth"`
+	agent    string
+}
+
+// BoxName is the name of the i-th box of a run: cbdrill-<run>-a, -b, ...
+func BoxName(run string, i int) string {
+	return fmt.Sprintf("%s%s-%c", NetnsPrefix, run, 'a'+i)
+}
+
+// mintBoxes creates the boxes in parallel through boxcore (profile exactly [stack profile],
+// user.claudebox=1, and the drill tag), then waits for each to be ready.
+func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
+	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack, Version: e.o.Version}
+	boxes := make([]*Box, e.o.Boxes)
+	errs := make([]error, e.o.Boxes)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			name := BoxName(e.run, i)
+			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image,
+				Config: map[string]string{DrillTag: e.run}})
+			<-sem
+			if err != nil {
+				errs[i] = fmt.Errorf("minting %s: %w", name, err)
+				return
+			}
+			e.pause("minting")
+			b, err := e.waitReady(ctx, name)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			boxes[i] = b
+		}()
+	}
+	wg.Wait()
+	return boxes, errors.Join(errs...)
+}
+
+// waitReady polls the agent until the box holds a lease, then reads its link-local address
+// and host-side veth from Incus.
+func (e *engine) waitReady(ctx context.Context, name string) (*Box, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	b := &Box{Name: name, agent: ContainerAgent}
+	if e.o.VM {
+		b.agent = VMAgent
+		if err := e.startVMAgent(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	var st probes.Status
+	for {
+		var raw []byte
+		var err error
+		if e.o.VM {
+			var r incus.ExecResult
+			r, err = e.c.Exec(ctx, name, incus.ExecRequest{Command: []string{b.agent, "probe", "facts"}})
+			raw = r.Stdout
+			if err == nil {
+				var f probes.Facts
+				if json.Unmarshal(raw, &f) == nil && len(f.IPv4) > 0 {
+					st = probes.Status{Ready: true, IPv4: f.IPv4[0], Hostname: f.Hostname}
+					for _, dr := range f.DefaultRoutes {
+						if dr.Family == "ipv4" {
+							st.Gateway = dr.Gateway
+						}
+					}
+				}
+			}
+		} else {
+			raw, err = e.c.PullFile(ctx, name, probes.DefaultStatusFile)
+			if err == nil {
+				_ = json.Unmarshal(raw, &st)
+			}
+		}
+		if st.Ready {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s never got ready (phase %q, error %q): %w", name, st.Phase, st.Error, ctx.Err())
+		case <-time.After(40 * time.Millisecond):
+		}
+	}
+	p, err := netip.ParsePrefix(st.IPv4)
+	if err != nil {
+		return nil, fmt.Errorf("%s: bad lease %q", name, st.IPv4)
+	}
+	b.IPv4, b.Prefix, b.Hostname = p.Addr(), p.Bits(), st.Hostname
+	b.Gateway, _ = netip.ParseAddr(st.Gateway)
+	if err := e.readNIC(ctx, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// readNIC fills the box's IPv6 link-local address and host-side veth from Incus's state.
+// The link-local address may still be tentative right after boot: wait a little for it.
+func (e *engine) readNIC(ctx context.Context, b *Box) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		st, err := e.c.InstanceState(ctx, b.Name)
+		if err != nil {
+			return err
+		}
+		if n, ok := st.Network["eth0"]; ok {
+			b.Veth = n.HostName
+			for _, a := range n.Addresses {
+				if a.Family == "inet6" && a.Scope == "link" {
+					if ip, err := netip.ParseAddr(a.Address); err == nil {
+						b.LL = ip.WithZone("eth0")
+					}
+				}
+			}
+		}
+		if (b.LL.IsValid() && b.Veth != "" && !tentative(st.Pid, b.LL)) || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// tentative reads, from the host, whether the box's link-local address is still in
+// duplicate address detection (IFA_F_TENTATIVE in /proc/<pid>/net/if_inet6): probing
+// link-local before DAD ends can only check-fail.
+func tentative(pid int64, ll netip.Addr) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/if_inet6", pid))
+	if err != nil {
+		return false
+	}
+	want := hex.EncodeToString(ll.WithZone("").AsSlice())
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 6 && f[0] == want {
+			flags, _ := strconv.ParseUint(f[4], 16, 32)
+			return flags&0x40 != 0
+		}
+	}
+	return true
+}
+
+// VMAgentCommands are what VM mode runs in the guest (through the Incus agent) after the
+// binary is pushed to VMAgent: the listeners, detached, so they outlive the exec.
+func VMAgentCommands() [][]string {
+	return [][]string{
+		{"/bin/sh", "-c", "mkdir -p " + probes.StateDir + " && nohup " + VMAgent + " probe serve >" + probes.StateDir + "/serve.log 2>&1 &"},
+	}
+}
+
+// startVMAgent waits for the guest's Incus agent, pushes the running binary and starts the
+// listeners. It needs a VM image with the Incus agent (cloud images have it).
+func (e *engine) startVMAgent(ctx context.Context, name string) error {
+	for {
+		r, err := e.c.Exec(ctx, name, incus.ExecRequest{Command: []string{"true"}})
+		if err == nil && r.ExitCode == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: the Incus agent never answered: %w", name, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if err := e.c.PushFile(ctx, name, VMAgent, bytes.NewReader(e.binary), 0o755, 0, 0); err != nil {
+		return fmt.Errorf("%s: pushing the probe agent: %w", name, err)
+	}
+	for _, cmd := range VMAgentCommands() {
+		r, err := e.c.Exec(ctx, name, incus.ExecRequest{Command: cmd})
+		if err != nil || r.ExitCode != 0 {
+			return fmt.Errorf("%s: starting the probe agent: %v %s", name, err, strings.TrimSpace(string(r.Stderr)))
+		}
+	}
+	return nil
+}
+
+// runInBox ships a batch of specs to a box's agent and returns the results in order.
+func (e *engine) runInBox(ctx context.Context, b *Box, specs []probes.Spec) ([]probes.Result, error) {
+	in, err := json.Marshal(specs)
+	if err != nil {
+		return nil, err
+	}
+	r, err := e.c.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{b.agent, "probe", "run"}, Stdin: bytes.NewReader(in)})
+	if err != nil {
+		return nil, fmt.Errorf("%s: probe run: %w", b.Name, err)
+	}
+	if r.ExitCode != 0 {
+		return nil, fmt.Errorf("%s: probe run exited %d: %s", b.Name, r.ExitCode, strings.TrimSpace(string(r.Stderr)))
+	}
+	var out []probes.Result
+	if err := json.Unmarshal(r.Stdout, &out); err != nil {
+		return nil, fmt.Errorf("%s: probe run output: %w", b.Name, err)
+	}
+	if len(out) != len(specs) {
+		return nil, fmt.Errorf("%s: probe run returned %d results for %d probes", b.Name, len(out), len(specs))
+	}
+	return out, nil
+}
+
+// hits reads who reached a box's listeners.
+func (e *engine) hits(ctx context.Context, b *Box) []probes.Hit {
+	if b.agent == ContainerAgent {
+		raw, err := e.c.PullFile(ctx, b.Name, probes.DefaultHitsFile)
+		if err != nil {
+			return nil
+		}
+		var out []probes.Hit
+		for _, l := range bytes.Split(raw, []byte("\n")) {
+			var h probes.Hit
+			if json.Unmarshal(l, &h) == nil {
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	r, err := e.c.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{b.agent, "probe", "hits"}})
+	if err != nil {
+		return nil
+	}
+	var out []probes.Hit
+	_ = json.Unmarshal(r.Stdout, &out)
+	return out
+}
+
+// restartBoxes restarts boxes (a seeded hole that only new leases see) and waits for them.
+func (e *engine) restartBoxes(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(e.boxes))
+	for i, b := range e.boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.c.SetState(ctx, b.Name, "restart", true, 0); err != nil {
+				errs[i] = fmt.Errorf("restarting %s: %w", b.Name, err)
+				return
+			}
+			nb, err := e.waitReady(ctx, b.Name)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			e.boxes[i] = nb
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// deleteBoxes removes the run's boxes (found by tag, so a half-minted one goes too).
+func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instance) bool) []string {
+	insts, err := c.Instances(ctx, map[string]string{boxcore.TagKey: "1"}, false)
+	if err != nil {
+		return nil
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var gone []string
+	for _, in := range insts {
+		if _, ok := in.Config[DrillTag]; !ok || !match(in) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if in.Status != "Stopped" {
+				_ = c.SetState(ctx, in.Name, "stop", true, 0)
+			}
+			if err := c.DeleteInstance(ctx, in.Name); err == nil || errors.Is(err, incus.ErrNotFound) {
+				mu.Lock()
+				gone = append(gone, in.Name)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return gone
+}
