@@ -17,8 +17,8 @@ import (
 // Bound it with a context deadline; on a VM, retry the exec until the guest agent answers.
 // Parse stdout with ParseStatus: Failed() says whether the box is usable.
 //
-// On failure: FailingStage, fed the bytes of StageFile (/run/cloud-init/status.json, pulled
-// with the files API or `cat`), names the first stage that recorded errors (init-local,
+// On failure: FailingStage, fed the output of StageCommand (`cat /run/cloud-init/status.json`;
+// not the files API, the path is a symlink), names the first stage that recorded errors (init-local,
 // init, modules-config, modules-final) with its errors, and LogTailCommand(n) prints the
 // last n lines of CloudInitOutputLog (/var/log/cloud-init-output.log: every module's and
 // runcmd's stdout/stderr, including the Claude install script's). CloudInitLog holds
@@ -169,3 +169,8 @@ func truncate(s string, n int) string {
 	}
 	return s
 }
+
+// StageCommand prints StageFile. Read it with exec, not the files API: in the box it is a
+// symlink (to /var/lib/cloud/data/status.json), and Incus's files API returns a symlink's
+// target path rather than the file.
+func StageCommand() []string { return []string{"cat", StageFile} }

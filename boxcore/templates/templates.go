@@ -127,8 +127,10 @@ var nodeArch = map[string]string{"amd64": "x64", "arm64": "arm64"}
 
 // Params are what a rendering knows about the box.
 type Params struct {
-	// Hostname is the box's host name (normally the instance name); "" leaves it to the
-	// image. Must be an RFC 1123 label.
+	// Hostname is the box's host name (normally the instance name), as .Hostname for a
+	// template that wants it; "" is fine. Must be an RFC 1123 label. The shipped templates
+	// do not use it: Incus's meta-data gives cloud-init local-hostname = the instance name,
+	// and the user-data is copied with a clone, so a rendered hostname would follow it.
 	Hostname string
 }
 

@@ -1,6 +1,13 @@
 package templates
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -117,12 +125,21 @@ func TestParseRejectsBadSettings(t *testing.T) {
 
 func TestRenderHostname(t *testing.T) {
 	tp, _ := Get("claude")
-	s, err := tp.Render(Params{Hostname: "my-box1"})
-	if err != nil || !strings.Contains(s, "\nhostname: my-box1\n") {
-		t.Fatalf("Render = %v; hostname line missing:\n%s", err, s)
+	// The shipped templates leave the hostname to Incus's meta-data (a clone keeps its
+	// source's user-data; a hostname in it would follow the clone).
+	for _, tp := range List() {
+		s, err := tp.Render(Params{Hostname: "my-box1"})
+		if err != nil || strings.Contains(s, "hostname") || strings.Contains(s, "my-box1") {
+			t.Errorf("%s: Render = %v; the hostname must not be in the user-data:\n%s", tp.Name, err, s)
+		}
 	}
-	if s, _ := tp.Render(Params{}); strings.Contains(s, "hostname:") {
-		t.Error("an empty hostname must leave the hostname to the image")
+	// A template may use it.
+	custom, err := parse("custom", strings.Replace(file(t, "blank.yaml"), "  #cloud-config\n", "  #cloud-config\n  {{- if .Hostname}}\n  hostname: {{.Hostname}}\n  {{- end}}\n", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := custom.Render(Params{Hostname: "my-box1"}); err != nil || !strings.Contains(s, "\nhostname: my-box1\n") {
+		t.Errorf("custom: %v\n%s", err, s)
 	}
 	for _, bad := range []string{"a b", "x\nruncmd: [reboot]", "-x", "x-", strings.Repeat("a", 64), "a.b"} {
 		if _, err := tp.Render(Params{Hostname: bad}); err == nil {
@@ -382,5 +399,111 @@ func TestRenderedUserDataPassesCloudInitSchema(t *testing.T) {
 				t.Errorf("%s (hostname %q): cloud-init schema: %v\n%s\n--- user-data ---\n%s", tp.Name, host, err, out, s)
 			}
 		}
+	}
+}
+
+func testCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test egress CA"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func TestTrustCAVendorData(t *testing.T) {
+	dir := t.TempDir()
+	ca := testCA(t)
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "a.crt"), []byte(ca), 0o644)
+	os.WriteFile(filepath.Join(dir, "sub", "b.crt"), []byte(ca), 0o644)
+	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not a cert"), 0o644)
+	cas, err := HostExtraCAs(dir)
+	if err != nil || len(cas) != 2 {
+		t.Fatalf("HostExtraCAs = %d certs, %v; want 2", len(cas), err)
+	}
+	vd, err := TrustCAVendorData(cas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(vd, "BEGIN CERTIFICATE") != 1 || !strings.HasPrefix(vd, "#cloud-config\nca_certs:\n") {
+		t.Errorf("vendor-data (duplicates must collapse):\n%s", vd)
+	}
+	if out, err := schema(t, vd); err != nil {
+		t.Errorf("cloud-init schema: %v\n%s\n%s", err, out, vd)
+	}
+	if s, err := TrustCAVendorData(nil); s != "" || err != nil {
+		t.Errorf("no CAs: %q, %v; want empty", s, err)
+	}
+	if none, err := HostExtraCAs(filepath.Join(dir, "missing")); err != nil || len(none) != 0 {
+		t.Errorf("missing dir: %v, %v", none, err)
+	}
+
+	// A key must never travel, even if someone drops one next to the certificates.
+	key := "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n"
+	os.WriteFile(filepath.Join(dir, "leak.crt"), []byte(ca+key), 0o644)
+	if _, err := HostExtraCAs(dir); err == nil {
+		t.Error("a .crt holding a private key was accepted")
+	}
+	if _, err := TrustCAVendorData([]string{key}); err == nil {
+		t.Error("a private key was accepted as a CA")
+	}
+}
+
+func TestStatusParsing(t *testing.T) {
+	// `cloud-init status --wait --format json` of Debian 12's cloud-init 22.4, as seen in a box.
+	failed := []byte(`{
+  "_schema_version": "1",
+  "boot_status_code": "enabled-by-generator",
+  "datasource": "nocloud",
+  "detail": "DataSourceNoCloud [seed=/var/lib/cloud/seed/nocloud-net][dsmode=net]",
+  "errors": [
+    "('scripts-user', RuntimeError('Runparts: 1 failures (runcmd) in 1 attempted commands'))"
+  ],
+  "last_update": "Wed, 02 Dec 2026 11:12:58 +0000",
+  "status": "error"
+}`)
+	st, err := ParseStatus(failed)
+	if err != nil || !st.Failed() || !st.Finished() || !strings.Contains(st.Summary(), "scripts-user") {
+		t.Errorf("failed status: %+v %v %q", st, err, st.Summary())
+	}
+	ok, err := ParseStatus([]byte(`{"status": "done", "errors": [], "datasource": "nocloud"}`))
+	if err != nil || ok.Failed() || !ok.Finished() {
+		t.Errorf("done status: %+v %v", ok, err)
+	}
+	for _, s := range []string{`{"status": "disabled", "errors": []}`, `{"status": "running", "errors": []}`} {
+		if st, _ := ParseStatus([]byte(s)); !st.Failed() {
+			t.Errorf("%s counts as success", s)
+		}
+	}
+	if _, err := ParseStatus([]byte("cloud-init: command not found")); err == nil {
+		t.Error("non-JSON accepted")
+	}
+
+	stages := []byte(`{"v1": {"datasource": "DataSourceNoCloud", "stage": null,
+	  "init-local": {"errors": [], "finished": 1.5, "recoverable_errors": {}, "start": 1.0},
+	  "init": {"errors": [], "finished": 3.0, "start": 2.0},
+	  "modules-config": {"errors": [], "finished": 4.0, "start": 3.5},
+	  "modules-final": {"errors": ["('scripts-user', RuntimeError('Runparts: 1 failures'))"], "finished": 9.0, "start": 4.5}}}`)
+	s, found, err := FailingStage(stages)
+	if err != nil || !found || s.Name != "modules-final" || len(s.Errors) != 1 {
+		t.Errorf("FailingStage = %+v %v %v", s, found, err)
+	}
+	clean := strings.Replace(string(stages), `["('scripts-user', RuntimeError('Runparts: 1 failures'))"]`, "[]", 1)
+	if s, found, _ := FailingStage([]byte(clean)); found {
+		t.Errorf("clean stages: found %+v", s)
+	}
+	running := strings.Replace(clean, `"finished": 9.0`, `"finished": null`, 1)
+	if s, found, _ := FailingStage([]byte(running)); !found || s.Name != "modules-final" {
+		t.Errorf("unfinished stage not reported: %+v %v", s, found)
 	}
 }
