@@ -171,12 +171,17 @@ func AptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 // HostMirror returns the first Debian archive URI the host's apt sources use (deb822
 // *.sources or one-line sources.list), skipping debian-security; http://deb.debian.org/debian
 // if none is found.
-func HostMirror() string {
+func HostMirror() string { return hostMirror("/etc/apt") }
+
+func hostMirror(aptDir string) string {
 	var files []string
-	if m, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources"); m != nil {
+	if m, _ := filepath.Glob(filepath.Join(aptDir, "sources.list.d", "*.sources")); m != nil {
 		files = append(files, m...)
 	}
-	files = append(files, "/etc/apt/sources.list")
+	if m, _ := filepath.Glob(filepath.Join(aptDir, "sources.list.d", "*.list")); m != nil {
+		files = append(files, m...)
+	}
+	files = append(files, filepath.Join(aptDir, "sources.list"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
