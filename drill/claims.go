@@ -132,16 +132,24 @@ var Attribution = []ClaimSpec{
 	// IPv6 link-local: the nft fallback (subnet mode) does not see IPv6; br_netfilter's
 	// ip6tables hook hands it to the guard forward chain.
 	{ClaimBoxBoxL2, "tcp6ll", Holds{{LayerPortIso}, {LayerBRNF}}},
-	{ClaimBoxBoxName, "dns-instance", any1(LayerDNSModeNone)},
-	{ClaimBoxBoxName, "dns-hostname", any1(LayerIgnoreNames)},
-	{ClaimBoxBoxName, "dns-hostname-fqdn", any1(LayerIgnoreNames)},
-	{ClaimBoxBoxName, "dns-ptr", any1(LayerIgnoreNames)},
+	// Measured: dns.mode=managed registers the instance name (unqualified, .<domain>, PTR);
+	// without dhcp-ignore-names dnsmasq registers the DHCP hostname (unqualified and PTR;
+	// the qualified form needs the domain only dns.mode gives). The scratch agent sends the
+	// instance name as its DHCP hostname, so the unqualified rows need both layers.
+	{ClaimBoxBoxName, "dns-instance", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
+	{ClaimBoxBoxName, "dns-hostname", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
+	{ClaimBoxBoxName, "dns-hostname-fqdn", any1(LayerDNSModeNone)},
+	{ClaimBoxBoxName, "dns-ptr", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
 	{ClaimHostNames, "", any1(LayerNoHosts)},
 	{ClaimBoxHost, "gateway", any1(LayerHostGuard, LayerACL)},
 	{ClaimBoxHost, "", any1(LayerHostGuard)},
 	{ClaimLAN, "", any1(LayerACL)},
 	{ClaimCGNAT, "", any1(LayerACL)},
-	{ClaimIPv6, "", any1(LayerIPv6Off)},
+	// Measured: with IPv6 on the bridge, boxes got no address while the host input guard
+	// dropped their router solicitations (ICMPv6 to the host); with both off they got a ULA
+	// within seconds. The guard only delays SLAAC (dnsmasq's unsolicited RAs would still
+	// come): ipv6.address=none is the layer that really holds it.
+	{ClaimIPv6, "", any1(LayerIPv6Off, LayerHostGuard)},
 	{ClaimHostBox, "", any1(LayerACL)},
 	{ClaimInternet, "", nil},
 	{ClaimControl, "", nil},

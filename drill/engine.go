@@ -61,6 +61,7 @@ type engine struct {
 	image     string
 	binary    []byte
 	boxes     []*Box
+	gen       int
 	decoy     *Decoy
 	hostL     *probes.Listeners
 	hostTCP   int

@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,6 +40,7 @@ var Holes = []Hole{
 	{Name: "host input guard removed", Off: []Layer{LayerHostGuard}},
 	{Name: "IPv6 on the bridge", Off: []Layer{LayerIPv6Off}, Restart: true},
 	{Name: "all box→box layers off", Off: []Layer{LayerPortIso, LayerNFTBridge, LayerBRNF}},
+	{Name: "IPv6 on and host input guard removed", Off: []Layer{LayerIPv6Off, LayerHostGuard}, Restart: true},
 }
 
 // HoleResult is what one seeded hole showed.
@@ -61,6 +63,11 @@ type HoleResult struct {
 func (e *engine) selfTest(ctx context.Context, rep *Report) error {
 	if !rep.Matrix.OK() {
 		return errors.New("seeded holes need a green matrix first: the baseline run did not pass")
+	}
+	if r, err := boxcore.NewHost(e.c, e.o.Stack).Check(ctx); err != nil {
+		return err
+	} else if !r.OK {
+		return fmt.Errorf("the host stack has drifted before the self-test (%d item(s)): run 'claudebox host init' first, a seeded hole must start from the declared stack", len(r.Drift()))
 	}
 	for _, h := range Holes {
 		if len(e.o.Holes) > 0 && !slices.Contains(e.o.Holes, h.Name) {
@@ -108,7 +115,7 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 			}
 		}
 		if h.Restart {
-			if err := e.restartBoxes(ctx); err != nil {
+			if err := e.remint(ctx); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -242,7 +249,9 @@ func (e *engine) applyHole(ctx context.Context, h Hole, cfg map[string]string) e
 			delete(cfg, "security.acls.default.egress.action")
 			netChanged = true
 		case LayerIPv6Off:
-			cfg["ipv6.address"] = "fd42:" + e.run[:4] + "::1/64"
+			r := make([]byte, 4)
+			_, _ = rand.Read(r)
+			cfg["ipv6.address"] = fmt.Sprintf("fd42:%x:%x::1/64", r[:2], r[2:])
 			cfg["ipv6.nat"] = "true"
 			netChanged = true
 		}

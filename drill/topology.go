@@ -40,9 +40,13 @@ type Box struct {
 	agent    string
 }
 
-// BoxName is the name of the i-th box of a run: cbdrill-<run>-a, -b, ...
-func BoxName(run string, i int) string {
-	return fmt.Sprintf("%s%s-%c", NetnsPrefix, run, 'a'+i)
+// BoxName is the name of the i-th box of a run's gen-th set: cbdrill-<run>-a, -b, ...;
+// later sets (fresh boxes after a seeded DNS hole) are cbdrill-<run>-2a, ...
+func BoxName(run string, gen, i int) string {
+	if gen == 0 {
+		return fmt.Sprintf("%s%s-%c", NetnsPrefix, run, 'a'+i)
+	}
+	return fmt.Sprintf("%s%s-%d%c", NetnsPrefix, run, gen+1, 'a'+i)
 }
 
 // mintBoxes creates the boxes in parallel through boxcore (profile exactly [stack profile],
@@ -58,7 +62,7 @@ func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
-			name := BoxName(e.run, i)
+			name := BoxName(e.run, e.gen, i)
 			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image,
 				Config: map[string]string{DrillTag: e.run}})
 			<-sem
@@ -289,6 +293,21 @@ func (e *engine) restartBoxes(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// remint replaces the boxes with fresh ones under new names. Deleting a box makes Incus
+// release its lease, and with it any name dnsmasq learnt for it during a seeded hole:
+// restarting is not enough (measured: a renewed lease keeps its name).
+func (e *engine) remint(ctx context.Context) error {
+	old := map[string]bool{}
+	for _, b := range e.boxes {
+		old[b.Name] = true
+	}
+	deleteTagged(ctx, e.c, func(in incus.Instance) bool { return old[in.Name] })
+	e.gen++
+	bs, err := e.mintBoxes(ctx)
+	e.boxes = bs
+	return err
 }
 
 // deleteBoxes removes the run's boxes (found by tag, so a half-minted one goes too).
