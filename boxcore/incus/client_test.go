@@ -206,8 +206,15 @@ func TestOperations(t *testing.T) {
 			select {
 			case <-r.Context().Done():
 			case <-time.After(time.Duration(s) * time.Second):
-				writeJSON(w, 200, op("op-slow", 103, "", nil))
+				// What the daemon answers when the wait's own timeout runs out.
+				writeJSON(w, 500, apiErr(500, "context deadline exceeded"))
 			}
+		case r.URL.Path == "/1.0/operations/op-long/wait":
+			if waits.Add(1) < 4 {
+				writeJSON(w, 500, apiErr(500, "context deadline exceeded"))
+				return
+			}
+			writeJSON(w, 200, op("op-long", 200, "", nil))
 		default:
 			writeJSON(w, 404, apiErr(404, "Operation not found"))
 		}
@@ -219,6 +226,10 @@ func TestOperations(t *testing.T) {
 	}
 	if len(events) != 2 || events[0].Percent != 42 || events[0].Key != "download_progress" || events[1].Percent != 100 {
 		t.Errorf("progress: %+v", events)
+	}
+	// An operation outlasting a (progress-polling) wait is waited on again, not failed.
+	if err := c.CreateInstance(context.Background(), incus.InstancesPost{Name: "long"}, func(incus.ProgressEvent) {}); err != nil {
+		t.Errorf("long operation: %v", err)
 	}
 	for _, name := range []string{"fail", "fail2"} {
 		err = c.CreateInstance(context.Background(), incus.InstancesPost{Name: name}, nil)

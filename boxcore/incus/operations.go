@@ -87,6 +87,12 @@ func (c *Client) WaitOperation(ctx context.Context, id string, progress func(Pro
 			// carrying the operation's err text (code 500 usually): report it as the
 			// operation's failure. "Operation not found" is about the wait itself.
 			var se *StatusError
+			// A wait whose timeout ran out before the operation ended is answered with the
+			// error "context deadline exceeded" (measured on 6.0.4): not the operation's
+			// failure, just the end of this wait. Wait again.
+			if errors.As(err, &se) && se.Operation == "" && se.Message == "context deadline exceeded" {
+				continue
+			}
 			if errors.As(err, &se) && se.Operation == "" && se.Message != "Operation not found" {
 				return nil, &StatusError{Code: se.Code, Message: se.Message, Operation: id}
 			}
