@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore"
@@ -56,6 +57,7 @@ func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
 	boxes := make([]*Box, e.o.Boxes)
 	errs := make([]error, e.o.Boxes)
 	var wg sync.WaitGroup
+	var created atomic.Int32
 	sem := make(chan struct{}, 4)
 	for i := range boxes {
 		wg.Add(1)
@@ -70,7 +72,9 @@ func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
 				errs[i] = fmt.Errorf("minting %s: %w", name, err)
 				return
 			}
-			e.pause("minting")
+			if created.Add(1) == int32(len(boxes)) {
+				e.pause("minting") // every box exists: a kill now leaves them all
+			}
 			b, err := e.waitReady(ctx, name)
 			if err != nil {
 				errs[i] = err
