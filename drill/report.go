@@ -263,9 +263,9 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 		}
 	}
 	if len(r.Holes) > 0 {
-		fmt.Fprintln(w, "\nSeeded holes:\n\n| layers removed | expected red | observed red | as attributed | host restored |\n|---|---|---|---|---|")
+		fmt.Fprintln(w, "\nSeeded holes (rows that turned red, by claim/probe; the JSON line lists every row):\n\n| hole | layers off | expected red | observed red | turned red | as attributed | host restored |\n|---|---|---|---|---|---|---|")
 		for _, h := range r.Holes {
-			fmt.Fprintf(w, "| %s | %s | %s | %v | %v |\n", h.Name, strings.Join(h.ExpectedRed, "; "), strings.Join(h.ObservedRed, "; "), h.OK, h.Restored)
+			fmt.Fprintf(w, "| %s | %v | %d | %d | %s | %v | %v |\n", h.Name, h.Off, len(h.ExpectedRed), len(h.ObservedRed), summarize(h.ObservedRed), h.OK, h.Restored)
 		}
 	}
 	if r.Error != "" {
