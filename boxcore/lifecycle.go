@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/boxcore/templates"
 )
 
 // Provenance tags every box carries besides TagKey.
@@ -46,10 +48,19 @@ type NewOptions struct {
 	Config map[string]string
 	// Progress receives what `new` is doing; nil for silence.
 	Progress func(Progress)
-	// Ready, when set, runs after start (e.g. the cloud-init wait); its error fails `new`.
-	Ready func(ctx context.Context, b *Box) error
-	// KeepFailed leaves a box whose Ready failed, for inspection.
+	// FirstBoot, when set, waits for cloud-init after start; its failure fails `new`.
+	FirstBoot *FirstBoot
+	// KeepFailed leaves a box whose first boot failed, for inspection.
 	KeepFailed bool
+	// Timings, when set, receives how long each part of the mint took.
+	Timings *MintTimings
+}
+
+// MintTimings splits a mint's wall time.
+type MintTimings struct {
+	Launch        time.Duration // create + start
+	FirstBoot     time.Duration // cloud-init, Claude install included
+	ClaudeInstall time.Duration // as the box's install record says; 0 when none
 }
 
 // Progress is one step of `new`.
@@ -110,6 +121,13 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		}
 		req.Source = incus.InstanceSource{Type: "copy", Source: source, InstanceOnly: true}
 		cfg[TagOrigin], cfg[TagFrom] = "clone", source
+		if t := src.Instance.Config[TagTemplate]; t != "" {
+			// A copy gets a new cloud-init instance-id, so cloud-init runs again: wait for it.
+			cfg[TagTemplate] = t
+			if o.FirstBoot == nil {
+				o.FirstBoot = &FirstBoot{Timeout: DefaultFirstBootTimeout}
+			}
+		}
 	} else {
 		src, err := ResolveImage(o.Image)
 		if err != nil {
@@ -137,6 +155,7 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 			o.Progress(p)
 		}
 	}
+	started := time.Now()
 	progress(Progress{Stage: "create", Percent: -1, Text: "creating " + o.Name})
 	var onProgress func(incus.ProgressEvent)
 	if o.Progress != nil { // polling for progress costs round trips: only when someone watches
@@ -169,13 +188,23 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		bs.discard(o.Name, token)
 		return nil, err
 	}
-	if o.Ready != nil {
-		progress(Progress{Stage: "ready", Percent: -1, Text: "waiting for " + o.Name + " to be ready"})
-		if err := o.Ready(ctx, box); err != nil {
-			if !o.KeepFailed {
+	launched := time.Now()
+	if o.Timings != nil {
+		o.Timings.Launch = launched.Sub(started)
+	}
+	if o.FirstBoot != nil {
+		progress(Progress{Stage: "first boot", Percent: -1, Text: "waiting for cloud-init in " + o.Name + " (packages, Claude Code)"})
+		if err := bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
+			if !o.KeepFailed || ctx.Err() != nil {
 				bs.discard(o.Name, token)
+			} else {
+				err = fmt.Errorf("%w\n(kept for inspection: claudebox shell %s; remove with claudebox rm %s --force)", err, o.Name, o.Name)
 			}
 			return nil, err
+		}
+		if o.Timings != nil {
+			o.Timings.FirstBoot = time.Since(launched)
+			o.Timings.ClaudeInstall = bs.claudeInstallTime(ctx, o.Name)
 		}
 	}
 	return box, nil
@@ -300,6 +329,21 @@ func (bs *Boxes) FindSnapshot(ctx context.Context, b *Box, snap string) (incus.S
 		have = "it has: " + strings.Join(names, ", ")
 	}
 	return incus.Snapshot{}, Usagef("box %s has no snapshot %q (%s)", b.Name, snap, have)
+}
+
+// claudeInstallTime reads the install record the claude template leaves in the box.
+func (bs *Boxes) claudeInstallTime(ctx context.Context, name string) time.Duration {
+	res, err := bs.Client.Exec(ctx, name, incus.ExecRequest{Command: []string{"cat", templates.InstallRecord}})
+	if err != nil || res.ExitCode != 0 {
+		return 0
+	}
+	var rec struct {
+		Seconds float64 `json:"seconds"`
+	}
+	if json.Unmarshal(res.Stdout, &rec) != nil {
+		return 0
+	}
+	return time.Duration(rec.Seconds * float64(time.Second))
 }
 
 func randomToken() string {

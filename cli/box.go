@@ -23,7 +23,7 @@ func boxCommands() []Command {
 	return []Command{
 		{
 			Name:     "new",
-			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed]",
+			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--verbose]",
 			Summary:  "mint a box: isolated, Claude Code installed, nobody logged in",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
 			Flags: []cli.Flag{
@@ -37,6 +37,7 @@ func boxCommands() []Command {
 				&cli.StringFlag{Name: "disk", Usage: "root disk size, e.g. 20GiB"},
 				&cli.StringFlag{Name: "from", Usage: "clone a box or one of its snapshots: SRC or SRC/SNAP"},
 				&cli.BoolFlag{Name: "keep-failed", Usage: "keep a box whose first boot failed, to look inside"},
+				&cli.BoolFlag{Name: "verbose", Usage: "print how long launch, cloud-init and the Claude install took"},
 			},
 			Action: newBox,
 		},
@@ -170,6 +171,8 @@ func newBox(c *Ctx) error {
 	if c.Env.Terminal {
 		o.Progress = terminalProgress(c)
 	}
+	timings := &boxcore.MintTimings{}
+	o.Timings = timings
 	start := time.Now()
 	box, err := boxes(c).New(c.Context.Context, o)
 	if c.Env.Terminal {
@@ -179,6 +182,10 @@ func newBox(c *Ctx) error {
 		return err
 	}
 	c.Out("%s is ready (%s, %.1fs): claudebox shell %s", box.Name, box.Instance.Type, time.Since(start).Seconds(), box.Name)
+	if c.Bool("verbose") {
+		c.Out("time: launch %.1fs, cloud-init %.1fs (of which Claude install %.1fs)",
+			timings.Launch.Seconds(), timings.FirstBoot.Seconds(), timings.ClaudeInstall.Seconds())
+	}
 	return nil
 }
 

@@ -14,6 +14,12 @@ func miscCommands() []Command {
 			},
 		},
 		{
+			Name:    "templates",
+			Summary: "list the box templates `new --template` takes",
+			Pre:     []Precondition{NeedsArgs},
+			Action:  listTemplates,
+		},
+		{
 			Name: "probe", Variadic: "run|facts|hits|status|serve ...",
 			Summary:     "the drill's probe agent (runs inside a box): probes, listeners, facts",
 			Passthrough: true,

@@ -282,6 +282,8 @@ func TestBadInput(t *testing.T) {
 		{2, "invalid box name", []string{"new", "--name", strings.Repeat("a", 64), "--container", "--image", h.image}},
 		{2, "already exists", []string{"new", "--name", a, "--container", "--image", h.image}},
 		{2, "cannot run VMs", []string{"new", "--name", h.name("vm"), "--image", h.image}},
+		{2, "has no cloud-init", []string{"new", "--name", h.name("t"), "--container", "--image", h.image, "--template", "claude"}},
+		{2, "no template named", []string{"new", "--name", h.name("t"), "--container", "--image", h.image, "--template", "nosuch"}},
 		{2, "exclude each other", []string{"new", "--name", h.name("x"), "--vm", "--container"}},
 		{2, "no such box", []string{"info", h.name("nosuch")}},
 		{2, "no such box", []string{"exec", h.name("nosuch"), "--", "true"}},
