@@ -130,5 +130,3 @@ func (l testLog) Write(p []byte) (int, error) {
 	l.t.Logf("%s", strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
-
-

@@ -48,7 +48,9 @@ func main() {
 	tags := []string{"-c", "user.claudebox=1", "-c", "user.claudebox.origin=fresh", "-c", "user.claudebox.from=" + image,
 		"-c", "user.claudebox.version=bench", "-c", "user.claudebox.created=" + time.Now().UTC().Format(time.RFC3339), "-c", "user.claudebox.mint=0"}
 	report("new --container", paired(*rounds,
-		func(i int) { run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image) },
+		func(i int) {
+			run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image)
+		},
 		func(i int) {
 			run("incus", append([]string{"launch", image, fmt.Sprintf("%s-b%d", prefix, i), "--profile", stack.Profile}, tags...)...)
 		},
