@@ -61,7 +61,7 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 			return done, err
 		}
 		full.Config["raw.dnsmasq"] = strings.Join(stripForwarder(full.Config["raw.dnsmasq"]), "\n")
-		if err := c.UpdateNetwork(ctx, n.Name, full.Config, full.Description, etag); err != nil {
+		if err := updateNetwork(ctx, c, n.Name, full.Config, full.Description, etag); err != nil {
 			return done, err
 		}
 		done = append(done, "raw.dnsmasq forwarder line on "+n.Name)

@@ -353,10 +353,27 @@ func (e *engine) setForwarder(ctx context.Context, on bool) error {
 	}
 	cfg := n.Config
 	cfg["raw.dnsmasq"] = strings.Join(lines, "\n")
-	if err := e.c.UpdateNetwork(ctx, n.Name, cfg, n.Description, etag); err != nil {
+	if err := updateNetwork(ctx, e.c, n.Name, cfg, n.Description, etag); err != nil {
 		return fmt.Errorf("setting the test-domain forwarder on %s: %w", n.Name, err)
 	}
 	return nil
+}
+
+// updateNetwork retries a network update a few times: Incus 6.0.4 fails one (500, "Failed
+// to delete bridge children interfaces") when a veth of the bridge vanishes meanwhile, as
+// when other boxes are being deleted.
+func updateNetwork(ctx context.Context, c *incus.Client, name string, cfg map[string]string, desc, etag string) error {
+	var err error
+	for i := 0; i < 4; i++ {
+		if err = c.UpdateNetwork(ctx, name, cfg, desc, etag); err == nil || errors.Is(err, incus.ErrNotFound) {
+			return err
+		}
+		if !strings.Contains(err.Error(), "(500)") {
+			return err
+		}
+		time.Sleep(time.Duration(200*(i+1)) * time.Millisecond)
+	}
+	return err
 }
 
 func stripForwarder(raw string) []string {
