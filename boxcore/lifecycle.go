@@ -79,14 +79,8 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
 		return nil, Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
 	}
-	if err := bs.checkStack(ctx); err != nil {
-		return nil, err
-	}
-	if _, _, err := bs.Client.Instance(ctx, o.Name); err == nil {
-		return nil, Usagef("new: an instance named %s already exists: pick another --name", o.Name)
-	} else if !errors.Is(err, incus.ErrNotFound) {
-		return nil, err
-	}
+	// Neither the stack nor a free name is checked up front: the create fails on either, and
+	// its failure is explained below. Every round trip counts in a verb typed all day.
 
 	token := randomToken()
 	now := time.Now().UTC().Format(time.RFC3339)
@@ -169,6 +163,9 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		if errors.Is(err, incus.ErrConflict) || bs.heldByOther(o.Name, token) {
 			return nil, Usagef("new: an instance named %s already exists: pick another --name", o.Name)
 		}
+		if serr := bs.checkStack(ctx); serr != nil {
+			return nil, serr
+		}
 		return nil, fmt.Errorf("new: creating %s: %w", o.Name, err)
 	}
 	if cloneFrom != nil && req.Type == "container" {
@@ -183,11 +180,8 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		bs.discard(o.Name, token)
 		return nil, fmt.Errorf("new: starting %s: %w", o.Name, err)
 	}
-	box, err := Resolve(ctx, bs.Client, o.Name)
-	if err != nil {
-		bs.discard(o.Name, token)
-		return nil, err
-	}
+	// The box as we made it; no need to ask the daemon what it just told us.
+	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: cfg, Profiles: req.Profiles, Devices: req.Devices}}
 	launched := time.Now()
 	if o.Timings != nil {
 		o.Timings.Launch = launched.Sub(started)

@@ -306,6 +306,13 @@ func TestBadInput(t *testing.T) {
 	}
 	h.t = t
 
+	t.Run("no stack", func(t *testing.T) {
+		h2 := *h
+		h2.t = t
+		h2.stack = boxcore.NamedStack("cbtn" + testenv.RunID())
+		h2.unchanged(1, "isolation stack is missing", "new", "--name", h.name("nostack"), "--container", "--image", h.image)
+	})
+
 	t.Run("daemon down", func(t *testing.T) {
 		t.Setenv("INCUS_SOCKET", "/nonexistent/unix.socket")
 		h.t = t

@@ -20,6 +20,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/boxcore/templates"
 	"github.com/claudebox/claudebox/internal/scratch"
 )
 
@@ -45,8 +46,24 @@ func main() {
 		func(int) { run("incus", "list", "user.claudebox=1") },
 	), 1.0)
 
-	tags := []string{"-c", "user.claudebox=1", "-c", "user.claudebox.origin=fresh", "-c", "user.claudebox.from=" + image,
-		"-c", "user.claudebox.version=bench", "-c", "user.claudebox.created=" + time.Now().UTC().Format(time.RFC3339), "-c", "user.claudebox.mint=0"}
+	// incus launch gets exactly the config new gives a box: tags, the default template's
+	// user-data, vendor-data and limits, and the root disk size.
+	o := boxcore.NewOptions{Name: "bench", Image: image}
+	tmpl, err := templates.Get("")
+	must(err)
+	cas, err := templates.HostExtraCAs(templates.HostCADir)
+	must(err)
+	must(boxcore.ApplyTemplate(&o, boxcore.TemplateChoice{Template: tmpl, HostCAs: cas}))
+	cfg := map[string]string{"user.claudebox": "1", "user.claudebox.origin": "fresh", "user.claudebox.from": image,
+		"user.claudebox.version": "bench", "user.claudebox.created": time.Now().UTC().Format(time.RFC3339),
+		"user.claudebox.mint": "0", "limits.cpu": o.CPU, "limits.memory": o.Memory}
+	for k, v := range o.Config {
+		cfg[k] = v
+	}
+	tags := []string{"-d", "root,size=" + o.Disk}
+	for k, v := range cfg {
+		tags = append(tags, "-c", k+"="+v)
+	}
 	report("new --container", paired(*rounds,
 		func(i int) {
 			run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image)
