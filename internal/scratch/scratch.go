@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
@@ -166,6 +167,9 @@ func EnsureImage(ctx context.Context, client *incus.Client, binaryPath, aliasPre
 	} else if !errors.Is(err, incus.ErrNotFound) {
 		return "", err
 	}
+	// A new binary means a new image: the ones older binaries left go, so the store does not
+	// grow by one image per build.
+	PruneImages(ctx, client, aliasPrefix, alias, PruneAge)
 	tarball, _, err := Build(bin)
 	if err != nil {
 		return "", err
@@ -193,4 +197,36 @@ func EnsureImage(ctx context.Context, client *incus.Client, binaryPath, aliasPre
 		}
 	}
 	return alias, nil
+}
+
+// PruneAge is how old another scratch image must be before PruneImages removes it, so that
+// parallel processes running different builds never delete each other's image mid-use.
+const PruneAge = 15 * time.Minute
+
+// PruneImages deletes images aliased aliasPrefix-<hash> other than keep, uploaded more than
+// olderThan ago. Instances made from them keep their own copy. Failures are ignored: pruning
+// is housekeeping, never a reason to fail.
+func PruneImages(ctx context.Context, client *incus.Client, aliasPrefix, keep string, olderThan time.Duration) (removed int) {
+	imgs, err := client.Images(ctx)
+	if err != nil {
+		return 0
+	}
+	cutoff := time.Now().Add(-olderThan)
+	for _, im := range imgs {
+		ours, kept := false, false
+		for _, a := range im.Aliases {
+			if a == keep {
+				kept = true
+			}
+			if strings.HasPrefix(a, aliasPrefix+"-") && len(a) == len(aliasPrefix)+17 {
+				ours = true
+			}
+		}
+		if ours && !kept && im.UploadedAt.Before(cutoff) {
+			if client.DeleteImage(ctx, im.Fingerprint) == nil {
+				removed++
+			}
+		}
+	}
+	return removed
 }

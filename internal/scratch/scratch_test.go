@@ -155,3 +155,35 @@ func TestBoot(t *testing.T) {
 	}
 	t.Logf("clean stop: %v", time.Since(start))
 }
+
+// A new build's image replaces the old one: PruneImages removes every other image under the
+// prefix (older than the age given), and keeps the current one.
+func TestPruneImages(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	prefix := testenv.Prefix("prune")
+	var aliases []string
+	for _, tag := range []string{prefix + "-1", prefix + "-2"} {
+		alias, err := scratch.EnsureImage(ctx, c, testenv.BuildTestInit(t, tag), prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		aliases = append(aliases, alias)
+	}
+	t.Cleanup(func() { scratch.PruneImages(context.Background(), c, prefix, "", -time.Hour) })
+	if aliases[0] == aliases[1] {
+		t.Fatal("two builds gave one alias")
+	}
+	if _, err := c.ImageAlias(ctx, aliases[0]); err != nil {
+		t.Fatalf("a fresh image was pruned at once: %v", err)
+	}
+	if n := scratch.PruneImages(ctx, c, prefix, aliases[1], -time.Hour); n != 1 {
+		t.Fatalf("pruned %d images, want 1", n)
+	}
+	if _, err := c.ImageAlias(ctx, aliases[0]); !errors.Is(err, incus.ErrNotFound) {
+		t.Fatalf("old image still there: %v", err)
+	}
+	if _, err := c.ImageAlias(ctx, aliases[1]); err != nil {
+		t.Fatalf("current image pruned: %v", err)
+	}
+}
