@@ -172,6 +172,12 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 				c.add("dnsmasq", "option "+o, "present", presence(slices.Contains(d.Options, o)))
 			}
 			c.add("dnsmasq", "instance-name domain (dns.mode)", "absent", presence(d.Flag("-s") || d.Flag("--domain")))
+			names, err := LeaseNames(d.LeaseFile())
+			if err != nil {
+				c.add("dnsmasq", "names in leases", "none", "unreadable: "+err.Error())
+			} else {
+				c.add("dnsmasq", "names in leases", "none", listOrNone(names))
+			}
 		}
 		if off, err := h.Kernel.IPv6Disabled(s.Network); err == nil {
 			c.add("ipv6", s.Network+" disable_ipv6", "1", boolDigit(off))
@@ -228,4 +234,11 @@ func renderDevice(d map[string]string) string {
 		parts = append(parts, k+"="+d[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+func listOrNone(xs []string) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	return strings.Join(xs, ", ")
 }

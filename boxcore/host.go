@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
@@ -55,6 +56,7 @@ type InitPlan struct {
 	firewallDrift                           bool
 	bridgeNF                                bool
 	unisolated                              []string
+	staleNames                              bool
 	unit                                    *unitPlan
 }
 
@@ -191,6 +193,14 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 		p.Changes = append(p.Changes, Change{"nftables", "rebuild bridge " + bt + " (box-to-box drop) and inet " + gt + " (host input guard)"})
 	}
 
+	// Host names dnsmasq learnt while dhcp-ignore-names was off: they outlive the option.
+	if d, ok := h.Kernel.FindDNSMasq(s.Network); ok {
+		if names, err := LeaseNames(d.LeaseFile()); err == nil && len(names) > 0 {
+			p.staleNames = true
+			p.Changes = append(p.Changes, Change{"dnsmasq " + s.Network, "forget lease names " + strings.Join(names, ", ")})
+		}
+	}
+
 	// Ports whose isolation flag was turned off behind Incus's back.
 	ports, err := h.Kernel.BridgePorts(s.Network)
 	if err != nil {
@@ -241,18 +251,14 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 			return nil, fmt.Errorf("creating network %s: %w", s.Network, err)
 		}
 	} else if hasChange(p.Changes, "network "+s.Network) {
-		cur, _, err := h.Client.Network(ctx, s.Network)
-		if err != nil {
+		if err := h.putNetwork(ctx, p.networkConfig); err != nil {
 			return nil, err
 		}
-		cfg := maps.Clone(p.networkConfig)
-		for k, v := range cur.Config {
-			if keptKey(k) {
-				cfg[k] = v
-			}
-		}
-		if err := h.Client.UpdateNetwork(ctx, s.Network, cfg, cur.Description, ""); err != nil {
-			return nil, fmt.Errorf("updating network %s: %w", s.Network, err)
+	}
+
+	if p.staleNames {
+		if err := h.forgetLeaseNames(ctx); err != nil {
+			return nil, err
 		}
 	}
 
@@ -442,4 +448,57 @@ func keptKey(k string) bool {
 func FirewallSpec(bridge string, gateway *net.IPNet) firewall.Spec {
 	ones, _ := gateway.Mask.Size()
 	return firewall.Spec{Bridge: bridge, Gateway: gateway.IP, PrefixLen: ones}
+}
+
+// putNetwork writes the network's config (keeping volatile.* and user.* keys). Incus 6.0.4
+// sometimes fails such a PUT with "Failed to delete bridge children interfaces" when a box's
+// veth vanishes at that moment; that race is retried.
+func (h *Host) putNetwork(ctx context.Context, want map[string]string) error {
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		var cur incus.Network
+		cur, _, err = h.Client.Network(ctx, h.Stack.Network)
+		if err != nil {
+			return err
+		}
+		cfg := maps.Clone(want)
+		for k, v := range cur.Config {
+			if keptKey(k) {
+				cfg[k] = v
+			}
+		}
+		err = h.Client.UpdateNetwork(ctx, h.Stack.Network, cfg, cur.Description, "")
+		if err == nil || !strings.Contains(err.Error(), "bridge children") {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("updating network %s: %w", h.Stack.Network, err)
+	}
+	return nil
+}
+
+// forgetLeaseNames clears the names dnsmasq holds: stop it, blank the names in its lease
+// file, then have Incus start it again (a config change restarts it; the marker line is
+// removed by the second write).
+func (h *Host) forgetLeaseNames(ctx context.Context) error {
+	// The dnsmasq running now: a network update earlier in this init may have restarted it.
+	d, ok := h.Kernel.FindDNSMasq(h.Stack.Network)
+	if !ok {
+		return fmt.Errorf("clearing dnsmasq lease names: no dnsmasq runs for %s", h.Stack.Network)
+	}
+	if err := h.Kernel.ForgetLeaseNames(d); err != nil {
+		return fmt.Errorf("clearing dnsmasq lease names: %w", err)
+	}
+	cur, _, err := h.Client.Network(ctx, h.Stack.Network)
+	if err != nil {
+		return err
+	}
+	marked := maps.Clone(cur.Config)
+	marked["raw.dnsmasq"] += "\n# claudebox: lease names cleared"
+	if err := h.putNetwork(ctx, marked); err != nil {
+		return err
+	}
+	return h.putNetwork(ctx, cur.Config)
 }

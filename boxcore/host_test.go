@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
@@ -145,6 +149,51 @@ func TestHostInitCheckTeardown(t *testing.T) {
 		repairAndCheck(t, h)
 	})
 
+	t.Run("drift: a lease name learnt while dhcp-ignore-names was off", func(t *testing.T) {
+		n, _, err := c.Network(ctx, s.Network)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Config["raw.dnsmasq"] = strings.ReplaceAll(n.Config["raw.dnsmasq"], "dhcp-ignore-names\n", "")
+		if err := c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, ""); err != nil {
+			t.Fatal(err)
+		}
+		bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
+		name := "cbt-host-" + testenv.RunID() + "-n"
+		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: teststack.ProbeImage(t, c), Config: teststack.Tag()}); err != nil {
+			t.Fatalf("new: %v", err)
+		}
+		d, _ := h.Kernel.FindDNSMasq(s.Network)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			names, _ := boxcore.LeaseNames(d.LeaseFile())
+			if slices.Contains(names, name) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("dnsmasq never recorded %s's DHCP hostname (names %v)", name, names)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		gw := strings.Split(n.Config["ipv4.address"], "/")[0]
+		if rcode := resolve(t, gw, name); rcode != dns.RcodeSuccess {
+			t.Fatalf("positive control: the gateway does not resolve %s with the option off (rcode %d)", name, rcode)
+		}
+		r := mustCheck(t, h)
+		got := driftItems(r)
+		want := []string{"network: " + s.Network + " raw.dnsmasq dhcp-ignore-names", "dnsmasq: option dhcp-ignore-names", "dnsmasq: names in leases"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("drift = %v, want exactly %v", got, want)
+		}
+		repairAndCheck(t, h)
+		if rcode := resolve(t, gw, name); rcode != dns.RcodeNameError {
+			t.Fatalf("after repair the gateway still answers %s (rcode %d)", name, rcode)
+		}
+		if err := bs.Remove(ctx, &boxcore.Box{Name: name, Instance: incus.Instance{Status: "Running"}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("drift: one port's isolation off", func(t *testing.T) {
 		bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 		box, err := bs.New(ctx, boxcore.NewOptions{Name: "cbt-host-" + testenv.RunID(), Image: teststack.ProbeImage(t, c), Config: teststack.Tag()})
@@ -270,4 +319,20 @@ func TestHostInitBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resolve asks the bridge's dnsmasq (on the gateway, this host's own address) for a name.
+func resolve(t *testing.T, server, name string) int {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	cl := &dns.Client{Timeout: 2 * time.Second}
+	r, _, err := cl.Exchange(m, net.JoinHostPort(server, "53"))
+	if err != nil {
+		t.Fatalf("asking %s for %s: %v", server, name, err)
+	}
+	if r.Rcode == dns.RcodeSuccess && len(r.Answer) == 0 {
+		return -1 // answered, but empty
+	}
+	return r.Rcode
 }

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Kernel is the host's own view of the isolation layers, read from /proc and /sys rather than
@@ -152,4 +154,66 @@ func systemctl(args ...string) error {
 		return fmt.Errorf("systemctl %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// LeaseFile is the dnsmasq lease file of a running dnsmasq ("" when it names none).
+func (d DNSMasq) LeaseFile() string {
+	for _, a := range d.Args {
+		if f, ok := strings.CutPrefix(a, "--dhcp-leasefile="); ok {
+			return f
+		}
+	}
+	return ""
+}
+
+// LeaseNames lists the host names recorded in a dnsmasq lease file. With dhcp-ignore-names
+// every name is "*"; a real name is left over from a time the option was off, and dnsmasq
+// keeps serving it until the lease is gone — no restart or renewal clears it (measured).
+func LeaseNames(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] != "duid" && f[3] != "*" {
+			names = append(names, f[3])
+		}
+	}
+	return names, nil
+}
+
+// ForgetLeaseNames stops a bridge's dnsmasq and blanks the host names in its lease file, so
+// the next dnsmasq Incus starts holds no name. The caller must make Incus restart dnsmasq.
+func (k Kernel) ForgetLeaseNames(d DNSMasq) error {
+	path := d.LeaseFile()
+	if path == "" {
+		return fmt.Errorf("dnsmasq (pid %d) names no lease file", d.PID)
+	}
+	if p, err := os.FindProcess(d.PID); err == nil {
+		_ = p.Signal(syscall.SIGTERM)
+	}
+	for i := 0; i < 40; i++ { // dnsmasq rewrites the file as it exits: wait until it is gone
+		if _, err := os.Stat(filepath.Join(k.Proc, strconv.Itoa(d.PID))); os.IsNotExist(err) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(b), "\n")
+	for i, line := range lines {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] != "duid" && f[3] != "*" {
+			f[3] = "*"
+			lines[i] = strings.Join(f, " ")
+		}
+	}
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644)
 }
