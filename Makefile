@@ -1,6 +1,7 @@
 # claudebox — build, set up the host, test, drill, benchmark.
 # Every target that touches Incus runs `setup` first, so each works on a fresh machine.
 
+SHELL     := /bin/bash
 GO        ?= go
 BIN       := bin/claudebox
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
