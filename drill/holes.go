@@ -274,16 +274,21 @@ func (e *engine) applyHole(ctx context.Context, h Hole, cfg map[string]string) e
 	return nil
 }
 
-// waitIPv6 waits (up to 15 s) until the first box shows a global/ULA address: SLAAC takes
-// a router advertisement and duplicate address detection.
+// waitIPv6 waits (up to 45 s) until every box shows a global/ULA address. SLAAC takes a
+// router advertisement and duplicate address detection; the boxes' router solicitations are
+// dropped by the host input guard, so they wait for dnsmasq's unsolicited RAs, which come
+// every 5-20 s in its first minute — the first one may leave before the bridge's own
+// link-local address is usable. 15 s missed it once in CI; 45 s covers two more.
 func (e *engine) waitIPv6(ctx context.Context) {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		res, err := e.runInBox(ctx, e.boxes[0], []probes.Spec{{Kind: probes.KindFacts}})
-		if err == nil && res[0].Facts != nil && res[0].Facts.HasGlobalIPv6 {
-			return
+	deadline := time.Now().Add(45 * time.Second)
+	for _, b := range e.boxes {
+		for time.Now().Before(deadline) {
+			res, err := e.runInBox(ctx, b, []probes.Spec{{Kind: probes.KindFacts}})
+			if err == nil && res[0].Facts != nil && res[0].Facts.HasGlobalIPv6 {
+				break
+			}
+			time.Sleep(300 * time.Millisecond)
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
 }
 
