@@ -138,6 +138,7 @@ func Binary(t testing.TB) string {
 			buildErr = err
 			return
 		}
+		_ = os.Chmod(dir, 0o755) // tests also run it as an unprivileged user
 		binPath = filepath.Join(dir, "claudebox")
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, "github.com/claudebox/claudebox/cmd/claudebox")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
