@@ -195,7 +195,7 @@ func TestLifecycle(t *testing.T) {
 
 	t.Run("stop rename start", func(t *testing.T) {
 		h.unchanged(2, "is running — stop it first: claudebox stop "+b, "rename", b, h.name("c"))
-		h.expect(0, "", "stop", b, "--force")
+		h.expect(0, "", "stop", b) // a clean shutdown: the agent as PID 1 must answer LXC's signal
 		h.unchanged(2, "already exists", "rename", b, a)
 		h.unchanged(2, "invalid box name", "rename", b, "9lives")
 		h.expect(0, "", "rename", b, h.name("c"))
