@@ -2,10 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/boxcore/templates"
 	"github.com/claudebox/claudebox/internal/cloudimage"
@@ -69,6 +73,45 @@ func TestClaudeBoxEndToEnd(t *testing.T) {
 		out, _ := root(box, "sh", "-c", "find /home/claude /root -name '.credentials.json' -o -name '.git-credentials' -o -name hosts.yml -o -name '.netrc' | head; grep -rl 'oauth\\|sk-ant' /home/claude/.claude.json /home/claude/.claude 2>/dev/null | head")
 		if strings.TrimSpace(out) != "" {
 			t.Fatalf("credential-like files in a fresh box:\n%s", out)
+		}
+	})
+
+	t.Run("shell logs in as claude", func(t *testing.T) {
+		r := h.runIn("whoami; echo home=$HOME; claude --version; exit 7\n", "shell", box)
+		if r.code != 7 || !strings.Contains(r.stdout, "claude") || !strings.Contains(r.stdout, "home=/home/claude") || !strings.Contains(r.stdout, "Claude Code") {
+			t.Fatalf("shell: exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+		}
+	})
+
+	t.Run("a failing first boot is reported and cleaned up", func(t *testing.T) {
+		bs := &boxcore.Boxes{Client: c, Stack: h.stack, Version: "test"}
+		failing := "#cloud-config\nruncmd:\n  - [sh, -c, 'echo claudebox-failing-on-purpose; exit 3']\n"
+		kept := h.name("fail")
+		cfg := map[string]string{"cloud-init.user-data": failing}
+		maps.Copy(cfg, teststack.Tag())
+		_, err := bs.New(ctx, boxcore.NewOptions{Name: kept, Image: img.Alias, Config: cfg, KeepFailed: true,
+			FirstBoot: &boxcore.FirstBoot{Required: true, Timeout: 5 * time.Minute}})
+		var fb *boxcore.FirstBootError
+		if !errors.As(err, &fb) {
+			t.Fatalf("new with failing user-data: %v", err)
+		}
+		if !strings.Contains(fb.Stage, "modules-final") || !strings.Contains(fb.LogTail, "claudebox-failing-on-purpose") || !strings.Contains(err.Error(), "kept for inspection") {
+			t.Fatalf("first-boot error lacks the stage or the log tail:\n%v", err)
+		}
+		if _, _, err := c.Instance(ctx, kept); err != nil {
+			t.Fatalf("--keep-failed did not keep the box: %v", err)
+		}
+		h.expect(0, "", "rm", kept, "--force")
+
+		// Without --keep-failed (here: a first boot that cannot finish in time) nothing is left.
+		gone := h.name("slow")
+		_, err = bs.New(ctx, boxcore.NewOptions{Name: gone, Image: img.Alias, Config: maps.Clone(cfg),
+			FirstBoot: &boxcore.FirstBoot{Required: true, Timeout: time.Second}})
+		if !errors.As(err, &fb) || !strings.Contains(err.Error(), "did not finish within 1s") {
+			t.Fatalf("new with a 1 s first-boot bound: %v", err)
+		}
+		if _, _, err := c.Instance(ctx, gone); !errors.Is(err, incus.ErrNotFound) {
+			t.Fatalf("a failed new left its box: %v", err)
 		}
 	})
 

@@ -38,8 +38,14 @@ type result struct {
 
 func (h *harness) run(args ...string) result {
 	h.t.Helper()
+	return h.runIn("", args...)
+}
+
+// runIn runs a command line with stdin holding the given text (no terminal).
+func (h *harness) runIn(stdin string, args ...string) result {
+	h.t.Helper()
 	var out, errb bytes.Buffer
-	env := &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, Stack: h.stack}
+	env := &Env{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Stack: h.stack}
 	code := Run(env, append([]string{"claudebox"}, args...))
 	return result{code, out.String(), errb.String()}
 }
