@@ -50,20 +50,7 @@ func probeARP(ctx context.Context, s Spec, r *Result) {
 		r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("sending who-has %s on %s: %v", dst, iface, err)
 		return
 	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		t := time.NewTicker(resendInterval(s.Timeout))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				_ = c.Request(dst)
-			}
-		}
-	}()
+	defer resendUntil(s.Timeout, func() { _ = c.Request(dst) })()
 	for {
 		p, _, err := c.Read()
 		if err != nil {

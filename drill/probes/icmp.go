@@ -95,20 +95,7 @@ func probeICMP(ctx context.Context, s Spec, r *Result) {
 		r.Outcome, r.Evidence = classify(err, dst, s.Iface)
 		return
 	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		t := time.NewTicker(resendInterval(s.Timeout))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				_ = send()
-			}
-		}
-	}()
+	defer resendUntil(s.Timeout, func() { _ = send() })()
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := c.ReadFrom(buf)

@@ -293,20 +293,7 @@ func probeUDP(ctx context.Context, s Spec, r *Result) {
 		return
 	}
 	// Resend from a side goroutine; the reader owns the verdict.
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		t := time.NewTicker(resendInterval(s.Timeout))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				_ = send()
-			}
-		}
-	}()
+	defer resendUntil(s.Timeout, func() { _ = send() })()
 	buf := make([]byte, 2048)
 	for {
 		n, err := c.Read(buf)
@@ -429,4 +416,23 @@ func probeHTTP(ctx context.Context, s Spec, r *Result) {
 	r.Outcome = Open
 	r.Answer = resp.Proto + " " + resp.Status
 	r.Evidence = fmt.Sprintf("from %s; body: %q", dialAddr, truncate(string(body), 120))
+}
+
+// resendUntil calls send every resendInterval(timeout) from a side goroutine until the
+// returned stop is called, so one lost packet cannot make a positive control look dropped.
+func resendUntil(timeout time.Duration, send func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(resendInterval(timeout))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				send()
+			}
+		}
+	}()
+	return func() { close(done) }
 }
