@@ -110,14 +110,15 @@ func printRows(w io.Writer, rows []*Row, onlyBad bool) {
 			if row.Claim != c || (onlyBad && row.Verdict == Pass) {
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s %s\t%s\t%s\t%s\n", row.Claim, row.From, row.To, probeLabel(row),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s %s\t%s\t%s\t%s\n", row.Claim, row.From, row.To, row.ProbeLabel(),
 				row.Expected, mark(row), row.Observed, row.Verdict, row.Layers, truncate(row.Why, 90))
 		}
 	}
 	tw.Flush()
 }
 
-func probeLabel(r *Row) string {
+// ProbeLabel names a row's probe for people: "tcp/7001", "dns A name", "icmp".
+func (r *Row) ProbeLabel() string {
 	p := r.Probe
 	switch p.Kind {
 	case "tcp", "udp", "tcp6ll":
@@ -256,7 +257,7 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 		for _, c := range ClaimOrder {
 			for _, row := range r.Matrix.Rows {
 				if row.Claim == c {
-					fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Claim, row.From, row.To, probeLabel(row),
+					fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Claim, row.From, row.To, row.ProbeLabel(),
 						row.Expected, row.Observed, row.Verdict, row.Layers)
 				}
 			}

@@ -94,7 +94,7 @@ func declare() {
 		}
 		Describe("claim "+claim, func() {
 			for _, r := range rows {
-				It(fmt.Sprintf("%s → %s %s: expect %s [%s]", r.From, r.To, label(r), r.Expected, r.Layers), func() {
+				It(fmt.Sprintf("%s → %s %s: expect %s [%s]", r.From, r.To, r.ProbeLabel(), r.Expected, r.Layers), func() {
 					Expect(r.Verdict).To(Equal(drill.Pass),
 						"observed %s (%s); %s; evidence: %s", r.Observed, r.Verdict, r.Why, r.Result.Evidence)
 				})
@@ -143,17 +143,6 @@ func declare() {
 			})
 		}
 	})
-}
-
-func label(r *drill.Row) string {
-	p := r.Probe
-	switch p.Kind {
-	case "tcp", "udp", "tcp6ll":
-		return fmt.Sprintf("%s/%d", p.Kind, p.Port)
-	case "dns":
-		return "dns " + p.DNS.Type + " " + p.DNS.Name
-	}
-	return p.Kind
 }
 
 // killAt runs the built binary's drill until it parks at phase, SIGKILLs it, runs
