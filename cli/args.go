@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -9,7 +10,8 @@ import (
 // permuteFlags moves a command's flags ahead of its positional arguments, so that
 // `claudebox rm box --force` means what it says: urfave/cli v2 stops parsing flags at the
 // first positional argument. It stops at "--", and for a row with trailing arguments
-// (exec, incus) once the row's own arguments are taken: what follows belongs to the box.
+// (exec, incus) without a "--" once the row's own arguments are taken: what follows belongs
+// to the box.
 func permuteFlags(args []string) []string {
 	if len(args) < 2 {
 		return args
@@ -34,7 +36,9 @@ func permuteFlags(args []string) []string {
 			tail = rest[i:]
 			break
 		}
-		if row.Variadic != "" && len(positional) >= len(row.Args) {
+		// Past a variadic row's own arguments, the rest belongs to the box — unless a "--"
+		// follows, which marks where the box's part begins.
+		if row.Variadic != "" && len(positional) >= len(row.Args) && !slices.Contains(rest[i:], "--") {
 			tail = rest[i:]
 			break
 		}

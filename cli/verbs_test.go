@@ -225,6 +225,20 @@ func TestLifecycle(t *testing.T) {
 		h.expect(0, "", "incus", a, "--", "config", "unset", "{}", "security.nesting")
 	})
 
+	t.Run("--remote", func(t *testing.T) {
+		h.t = t
+		testenv.LoopbackRemote(t)
+		h.expect(0, a, "list", "--remote", "loop")
+		h.expect(0, "name:      "+a, "info", a, "--remote", "loop")
+		h.expect(0, `"ready": true`, "exec", a, "--remote", "loop", "--", "/sbin/init", "probe", "status")
+		h.expect(0, "label", "snapshot", a, "label", "--remote", "loop")
+		// The escape hatch hands the remote to the incus CLI, which reads the same config.
+		h.expect(0, "1", "incus", a, "--remote", "loop", "--", "config", "get", "{}", "user.claudebox")
+		h.expect(1, "certificate", "list", "--remote", "stranger")
+		h.t = t
+	})
+	h.t = t
+
 	t.Run("rm", func(t *testing.T) {
 		h.unchanged(2, "no terminal to confirm on: pass --force", "rm", a)
 		h.unchanged(2, "no terminal to confirm on: pass --force", "restore", a, "authed")
