@@ -105,7 +105,15 @@ func TestInitInBox(t *testing.T) {
 			t.Errorf("peer → box %s: %s (%s)", r.Probe.Kind, r.Outcome, r.Evidence)
 		}
 	}
-	hits, _ := ReadHits(cfg.Listen.HitsFile)
+	// The listeners append hits as they answer; the UDP one may land just after the probe saw
+	// its echo (CI under load), so read until both are there.
+	var hits []Hit
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		hits, _ = ReadHits(cfg.Listen.HitsFile)
+		if len(hits) >= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(hits) < 2 || !strings.HasPrefix(hits[0].Peer, "198.18.1.1:") {
 		t.Errorf("box hits %+v", hits)
 	}

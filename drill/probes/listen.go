@@ -147,8 +147,9 @@ func (l *Listeners) serveUDP(port int) error {
 				wcm = &ipv4.ControlMessage{Src: cm.Dst}
 				local = net.JoinHostPort(cm.Dst.String(), strconv.Itoa(bound))
 			}
-			_, _ = p4.WriteTo(buf[:n], wcm, from)
+			// Record before echoing: a prober that saw its echo can rely on the hit.
 			l.record(Hit{Proto: "udp", Port: bound, Peer: from.String(), Local: local, Payload: truncate(string(buf[:n]), 64)})
+			_, _ = p4.WriteTo(buf[:n], wcm, from)
 		}
 	}()
 	c6, err := net.ListenPacket("udp6", "[::]:"+strconv.Itoa(bound))
@@ -187,8 +188,9 @@ func (l *Listeners) serveUDP(port int) error {
 					local = netip.AddrPortFrom(a, uint16(bound)).String()
 				}
 			}
-			_, _ = p6.WriteTo(buf[:n], wcm, from)
+			// Record before echoing: a prober that saw its echo can rely on the hit.
 			l.record(Hit{Proto: "udp", Port: bound, Peer: from.String(), Local: local, Payload: truncate(string(buf[:n]), 64)})
+			_, _ = p6.WriteTo(buf[:n], wcm, from)
 		}
 	}()
 	return nil
