@@ -186,6 +186,20 @@ func TestIntegration(t *testing.T) {
 		if _, err := c.ImageByAlias(ctx, p+"-never"); !errors.Is(err, incus.ErrNotFound) {
 			t.Errorf("missing alias: want ErrNotFound, got %v", err)
 		}
+		// By fingerprint, in the listing, and the alias's own record.
+		if got, err := c.Image(ctx, img.Fingerprint); err != nil || !slices.Contains(got.Aliases, f.alias) {
+			t.Errorf("Image(fp): %+v %v", got, err)
+		}
+		all, err := c.Images(ctx)
+		if err != nil || !slices.ContainsFunc(all, func(i incus.Image) bool { return i.Fingerprint == img.Fingerprint }) {
+			t.Errorf("Images lacks %s: %v", img.Fingerprint, err)
+		}
+		if a, err := c.ImageAlias(ctx, f.alias); err != nil || a.Target != img.Fingerprint {
+			t.Errorf("ImageAlias: %+v %v", a, err)
+		}
+		if _, err := c.Image(ctx, strings.Repeat("0", 64)); !errors.Is(err, incus.ErrNotFound) {
+			t.Errorf("missing image: want ErrNotFound, got %v", err)
+		}
 	})
 
 	// Two instances: a (running, carries the filter key) and b (stopped, does not).
@@ -594,6 +608,9 @@ func TestIntegration(t *testing.T) {
 		got, etag, err := c.Profile(ctx, name)
 		if err != nil || got.Config["limits.processes"] != "500" || got.Devices["root"]["path"] != "/" || etag == "" {
 			t.Fatalf("profile: %+v %q %v", got, etag, err)
+		}
+		if all, err := c.Profiles(ctx); err != nil || !slices.ContainsFunc(all, func(q incus.Profile) bool { return q.Name == name }) {
+			t.Errorf("Profiles lacks %s: %v", name, err)
 		}
 		got.Config["limits.processes"] = "600"
 		if err := c.UpdateProfile(ctx, got, etag); err != nil {

@@ -110,15 +110,6 @@ func (c *Client) WaitOperation(ctx context.Context, id string, progress func(Pro
 	}
 }
 
-// Operation returns the current state of an operation without waiting.
-func (c *Client) Operation(ctx context.Context, id string) (*Operation, error) {
-	var op Operation
-	if _, err := c.get(ctx, "/1.0/operations/"+esc(id), &op); err != nil {
-		return nil, err
-	}
-	return &op, nil
-}
-
 // CancelOperation asks the daemon to cancel an operation (DELETE), for those that allow it.
 func (c *Client) CancelOperation(ctx context.Context, id string) error {
 	_, _, err := c.do(ctx, "DELETE", "/1.0/operations/"+esc(id), nil, nil)
