@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -168,16 +169,15 @@ func newBox(c *Ctx) error {
 			return err
 		}
 	}
+	stopProgress := func() {}
 	if c.Env.Terminal {
-		o.Progress = terminalProgress(c)
+		o.Progress, stopProgress = terminalProgress(c)
 	}
 	timings := &boxcore.MintTimings{}
 	o.Timings = timings
 	start := time.Now()
 	box, err := boxes(c).New(c.Context.Context, o)
-	if c.Env.Terminal {
-		fmt.Fprint(c.Env.Stderr, "\r\033[K")
-	}
+	stopProgress()
 	if err != nil {
 		return err
 	}
@@ -189,15 +189,49 @@ func newBox(c *Ctx) error {
 	return nil
 }
 
-// terminalProgress draws one updating status line on stderr.
-func terminalProgress(c *Ctx) func(boxcore.Progress) {
-	return func(p boxcore.Progress) {
-		line := p.Text
-		if p.Percent >= 0 {
-			line = fmt.Sprintf("%s: %d%%", p.Stage, p.Percent)
-		}
-		fmt.Fprintf(c.Env.Stderr, "\r\033[K%s", line)
+// terminalProgress draws one status line on stderr, redrawn every second with the time the
+// step has taken, so a long cloud-init wait visibly moves. stop ends the redrawing.
+func terminalProgress(c *Ctx) (update func(boxcore.Progress), stop func()) {
+	var mu sync.Mutex
+	line, since := "", time.Now()
+	draw := func() {
+		fmt.Fprintf(c.Env.Stderr, "\r\033[K%s (%ds)", line, int(time.Since(since).Seconds()))
 	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				mu.Lock()
+				draw()
+				mu.Unlock()
+			}
+		}
+	}()
+	update = func(p boxcore.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		text := p.Text
+		if p.Percent >= 0 {
+			text = fmt.Sprintf("%s: %d%%", p.Stage, p.Percent)
+		}
+		if p.Stage != "download" || !strings.HasPrefix(line, "download") {
+			since = time.Now()
+		}
+		line = text
+		draw()
+	}
+	stop = func() {
+		close(done)
+		mu.Lock()
+		fmt.Fprint(c.Env.Stderr, "\r\033[K")
+		mu.Unlock()
+	}
+	return update, stop
 }
 
 func listBoxes(c *Ctx) error {
