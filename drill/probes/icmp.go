@@ -47,12 +47,8 @@ func icmpConn(ctx context.Context, v6 bool, iface string) (net.PacketConn, bool,
 }
 
 func probeICMP(ctx context.Context, s Spec, r *Result) {
-	dst, err := resolveTarget(ctx, s.Target, false)
+	dst, err := routableTarget(ctx, s.Target, s.Iface)
 	if err != nil {
-		r.Outcome, r.Evidence = CheckFailed, err.Error()
-		return
-	}
-	if _, err := routeCheck(dst, s.Iface); err != nil {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
 	}

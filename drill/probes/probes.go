@@ -289,6 +289,17 @@ func RunMany(ctx context.Context, specs []Spec) []Result {
 // resolveTarget turns Target into one address. Host names are looked up first,
 // within the probe's deadline, and a failed lookup is the probe's own failure
 // (check-failed), never "dropped".
+// routableTarget resolves a target and asks the kernel for a route to it: a probe that
+// could not leave is check-failed, never dropped.
+func routableTarget(ctx context.Context, target, iface string) (netip.Addr, error) {
+	dst, err := resolveTarget(ctx, target, false)
+	if err != nil {
+		return dst, err
+	}
+	_, err = routeCheck(dst, iface)
+	return dst, err
+}
+
 func resolveTarget(ctx context.Context, target string, want4 bool) (netip.Addr, error) {
 	if a, err := netip.ParseAddr(target); err == nil {
 		return a.Unmap(), nil

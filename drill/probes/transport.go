@@ -263,12 +263,8 @@ func tcpConnect(ctx context.Context, s Spec, dst netip.Addr, r *Result) {
 // times within the window because a single lost datagram must not turn a
 // positive control into "dropped".
 func probeUDP(ctx context.Context, s Spec, r *Result) {
-	dst, err := resolveTarget(ctx, s.Target, false)
+	dst, err := routableTarget(ctx, s.Target, s.Iface)
 	if err != nil {
-		r.Outcome, r.Evidence = CheckFailed, err.Error()
-		return
-	}
-	if _, err := routeCheck(dst, s.Iface); err != nil {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
 	}
@@ -353,12 +349,8 @@ func probeHTTP(ctx context.Context, s Spec, r *Result) {
 		return
 	}
 	host := pu.Hostname()
-	dst, err := resolveTarget(ctx, host, false)
+	dst, err := routableTarget(ctx, host, s.Iface)
 	if err != nil {
-		r.Outcome, r.Evidence = CheckFailed, err.Error()
-		return
-	}
-	if _, err := routeCheck(dst, s.Iface); err != nil {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
 	}
