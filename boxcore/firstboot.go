@@ -113,7 +113,7 @@ func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, fb.Timeout)
 	defer cancel()
-	res, err := bs.execWhenReady(ctx, b.Name, templates.WaitCommand())
+	res, err := bs.ExecWhenReady(ctx, b.Name, templates.WaitCommand())
 	if err != nil {
 		if isCommandNotFound(err) {
 			if fb.Required {
@@ -159,8 +159,9 @@ func (bs *Boxes) firstBootFailure(name, summary string) error {
 	return e
 }
 
-// execWhenReady runs a command, retrying while a VM's guest agent is not up yet.
-func (bs *Boxes) execWhenReady(ctx context.Context, name string, cmd []string) (incus.ExecResult, error) {
+// ExecWhenReady runs a command in a box, retrying while a VM's guest agent is not up yet;
+// any other error is returned at once.
+func (bs *Boxes) ExecWhenReady(ctx context.Context, name string, cmd []string) (incus.ExecResult, error) {
 	delay := 250 * time.Millisecond
 	for {
 		res, err := bs.Client.Exec(ctx, name, incus.ExecRequest{Command: cmd})

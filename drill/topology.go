@@ -204,16 +204,9 @@ func VMAgentCommands() [][]string {
 // startVMAgent waits for the guest's Incus agent, pushes the running binary and starts the
 // listeners. It needs a VM image with the Incus agent (cloud images have it).
 func (e *engine) startVMAgent(ctx context.Context, name string) error {
-	for {
-		r, err := e.c.Exec(ctx, name, incus.ExecRequest{Command: []string{"true"}})
-		if err == nil && r.ExitCode == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: the Incus agent never answered: %w", name, ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
+	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack}
+	if r, err := bs.ExecWhenReady(ctx, name, []string{"true"}); err != nil || r.ExitCode != 0 {
+		return fmt.Errorf("%s: the Incus agent never answered: %v", name, err)
 	}
 	if err := e.c.PushFile(ctx, name, VMAgent, bytes.NewReader(e.binary), 0o755, 0, 0); err != nil {
 		return fmt.Errorf("%s: pushing the probe agent: %w", name, err)
