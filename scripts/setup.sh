@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Prepare this machine for claudebox: Incus from Debian's packages, a running daemon, a storage pool.
-# Idempotent: on a ready machine it only asks the daemon two questions and exits.
+# Prepare this machine for claudebox: Incus from Debian's packages, a running daemon, a storage pool,
+# and every program the test suite shells out to (debootstrap for the test cloud image, Debian's
+# cloud-init for the offline `cloud-init schema` check). No test installs anything: this is the one
+# place packages are installed.
+# Idempotent: on a ready machine it only looks for a few programs, asks the daemon two questions
+# and exits.
 #
 # Env: CLAUDEBOX_INCUS_LOG  where the daemon's log goes when we start it ourselves
 #                           (no systemd as PID 1). Default /var/log/incus/claudebox-incusd.log.
@@ -51,6 +55,29 @@ install_incus() {
 	fi
 }
 
+# Programs the test suite runs, and the Debian package each comes in.
+test_tools=(debootstrap:debootstrap cloud-init:cloud-init nft:nftables dnsmasq:dnsmasq-base ip:iproute2 nsenter:util-linux tar:tar gzip:gzip)
+
+install_test_tools() {
+	local missing=() pair bin pkg
+	for pair in "${test_tools[@]}"; do
+		bin=${pair%%:*} pkg=${pair#*:}
+		command -v "$bin" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+	done
+	[ "${#missing[@]}" -eq 0 ] && return 0
+	# cloud-init is here only for `cloud-init schema`: a host that did not run it before must
+	# not start running it at boot because the test suite needed its schema checker. A host
+	# that already has cloud-init is left exactly as it is (this branch is not reached).
+	if printf '%s\n' "${missing[@]}" | grep -qx cloud-init && [ ! -e /etc/cloud/cloud-init.disabled ]; then
+		mkdir -p /etc/cloud
+		printf 'written by claudebox setup: cloud-init is installed only for `cloud-init schema` in the tests\n' \
+			>/etc/cloud/cloud-init.disabled
+	fi
+	log "installing what the tests run: ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 daemon_answers() { incus query /1.0 >/dev/null 2>&1; }
 
 start_daemon() {
@@ -80,4 +107,5 @@ command -v incus >/dev/null 2>&1 && { [ -x /usr/libexec/incus/incusd ] || comman
 command -v nft >/dev/null 2>&1 && command -v dnsmasq >/dev/null 2>&1 || install_incus
 daemon_answers || start_daemon
 ensure_storage_pool
+install_test_tools
 log "ready: Incus $(incus query /1.0 | sed -n 's/.*"server_version": *"\([^"]*\)".*/\1/p' | head -n1)"

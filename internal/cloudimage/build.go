@@ -111,7 +111,7 @@ func Build(ctx context.Context, r Recipe, out string, log io.Writer) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("cloudimage: building the image needs root (debootstrap)")
 	}
-	if err := EnsureRequirements(ctx, log); err != nil {
+	if err := CheckRequirements(); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {

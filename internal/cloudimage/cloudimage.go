@@ -27,8 +27,8 @@
 // and an import of the cached file (no build) when only the daemon lost it.
 //
 // Build-host requirements: Requirements() lists the Debian packages the build needs
-// (debootstrap); EnsureRequirements apt-get installs the missing ones when running as root,
-// so CI needs no extra setup step.
+// (debootstrap); `make setup` installs them. The build never installs packages itself (two
+// test packages doing so at once collide on the dpkg lock): CheckRequirements says what to run.
 package cloudimage
 
 import (
@@ -127,9 +127,10 @@ func Requirements() []string { return []string{"debootstrap"} }
 // requirementBinary maps a package of Requirements to the program that shows it is present.
 var requirementBinary = map[string]string{"debootstrap": "debootstrap"}
 
-// EnsureRequirements installs the missing packages of Requirements with apt-get (needs root
-// and the host's Debian mirror). It is a no-op when all are present.
-func EnsureRequirements(ctx context.Context, log io.Writer) error {
+// CheckRequirements says which packages of Requirements are missing and how to get them.
+// It never installs anything: `make setup` (scripts/setup.sh) does, once, before any test,
+// because two test packages running apt-get at once collide on the dpkg lock.
+func CheckRequirements() error {
 	var missing []string
 	for _, p := range Requirements() {
 		if _, err := exec.LookPath(requirementBinary[p]); err != nil {
@@ -139,33 +140,7 @@ func EnsureRequirements(ctx context.Context, log io.Writer) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("cloudimage: the image build needs %s (apt-get install %s, as root)", strings.Join(missing, ", "), strings.Join(missing, " "))
-	}
-	fmt.Fprintf(log, "cloudimage: apt-get install %s\n", strings.Join(missing, " "))
-	return AptInstall(ctx, log, missing...)
-}
-
-// AptInstall runs apt-get install -y --no-install-recommends pkgs (apt-get update first if
-// the first attempt cannot find them).
-func AptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
-	run := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		cmd.Stdout, cmd.Stderr = log, log
-		return cmd.Run()
-	}
-	install := append([]string{"install", "-y", "--no-install-recommends"}, pkgs...)
-	if err := run(install...); err == nil {
-		return nil
-	}
-	if err := run("update"); err != nil {
-		return fmt.Errorf("cloudimage: apt-get update: %w", err)
-	}
-	if err := run(install...); err != nil {
-		return fmt.Errorf("cloudimage: apt-get install %s: %w", strings.Join(pkgs, " "), err)
-	}
-	return nil
+	return fmt.Errorf("cloudimage: the image build needs %s, which is not installed: run 'sudo make setup' (it installs everything the tests use)", strings.Join(missing, ", "))
 }
 
 // HostMirror returns the first Debian archive URI the host's apt sources use (deb822

@@ -1,12 +1,15 @@
 package cloudimage
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -134,5 +137,55 @@ func TestTailAndUnescape(t *testing.T) {
 	}
 	if got := unescapeMount(`/tmp/a\040b`); got != "/tmp/a b" {
 		t.Errorf("unescapeMount = %q", got)
+	}
+}
+
+// Two builders of one image (two test packages at once) take turns: the second waits on the
+// lock file until the first lets go, and a cancelled wait gives up without the lock.
+func TestLockFileSerializesBuilders(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lock")
+	unlock, err := lockFile(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		u2, err := lockFile(context.Background(), path)
+		if err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		u2()
+	}()
+	time.Sleep(700 * time.Millisecond)
+	released := time.Now()
+	unlock()
+	if at := <-got; at.Before(released) {
+		t.Fatalf("the second builder took the lock %v before the first released it", released.Sub(at))
+	}
+	u3, err := lockFile(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u3()
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	if _, err := lockFile(ctx, path); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a cancelled wait: %v", err)
+	}
+}
+
+// No build step installs packages: that is make setup's job (the dpkg lock collides).
+func TestBuildNeverInstalls(t *testing.T) {
+	for _, f := range []string{"build.go", "cloudimage.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), `"apt-get"`) {
+			t.Errorf("%s runs apt-get", f)
+		}
 	}
 }
