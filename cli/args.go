@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -36,11 +35,15 @@ func permuteFlags(args []string) []string {
 			tail = rest[i:]
 			break
 		}
-		// Past a variadic row's own arguments, the rest belongs to the box — unless a "--"
-		// follows, which marks where the box's part begins.
-		if row.Variadic != "" && len(positional) >= len(row.Args) && !slices.Contains(rest[i:], "--") {
-			tail = rest[i:]
-			break
+		// Past a variadic row's own arguments, the first word that is not one of the row's
+		// own flags begins the box's part: a "--" further on is the box command's own
+		// (`exec BOX git diff --stat -- f`), never claudebox's separator.
+		if row.Variadic != "" && len(positional) >= len(row.Args) {
+			name, _, _ := strings.Cut(strings.TrimLeft(tok, "-"), "=")
+			if _, own := takesValue[name]; !own || !strings.HasPrefix(tok, "-") {
+				tail = rest[i:]
+				break
+			}
 		}
 		if len(tok) > 1 && strings.HasPrefix(tok, "-") {
 			flags = append(flags, tok)

@@ -167,6 +167,11 @@ func TestPermuteFlags(t *testing.T) {
 		{"claudebox list --format=json", "claudebox list --format=json"},
 		{"claudebox probe run --x", "claudebox probe run --x"},
 		{"claudebox nosuch a --b", "claudebox nosuch a --b"},
+		// A "--" later in the box's command is the command's, not claudebox's separator.
+		{"claudebox exec box git diff --stat -- f", "claudebox exec box git diff --stat -- f"},
+		{"claudebox exec box --remote r git diff --stat -- f", "claudebox exec --remote r box git diff --stat -- f"},
+		{"claudebox exec box -- git diff --stat -- f", "claudebox exec box -- git diff --stat -- f"},
+		{"claudebox incus box config set {} user.x=1 -- --force", "claudebox incus box config set {} user.x=1 -- --force"},
 	}
 	for _, tc := range cases {
 		if got := strings.Join(permuteFlags(strings.Fields(tc.in)), " "); got != tc.want {
