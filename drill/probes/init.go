@@ -283,7 +283,9 @@ func waitLink(ctx context.Context, name string, max time.Duration) error {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("interface %s: %w", name, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		if sleepCtx(ctx, 50*time.Millisecond) != nil {
+			return fmt.Errorf("interface %s: %w", name, ctx.Err())
+		}
 	}
 }
 

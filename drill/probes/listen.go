@@ -63,6 +63,10 @@ type Listeners struct {
 	file   *os.File
 	closer []func() error
 	wg     sync.WaitGroup
+	// done closes on Close: it wakes read loops out of their backoff.
+	done      chan struct{}
+	closeOnce sync.Once
+	stopCtx   func() bool
 	host   string
 	// Bound reports the ports actually bound (useful with port 0 in tests).
 	TCPAddrs []net.Addr
@@ -73,7 +77,7 @@ type Listeners struct {
 // sockets are created in the caller's network namespace). They stop when ctx
 // ends or Close is called.
 func Serve(ctx context.Context, cfg ListenerConfig) (*Listeners, error) {
-	l := &Listeners{cfg: cfg}
+	l := &Listeners{cfg: cfg, done: make(chan struct{})}
 	l.host, _ = os.Hostname()
 	if cfg.HitsFile != "" {
 		if err := os.MkdirAll(filepath.Dir(cfg.HitsFile), 0o755); err != nil {
@@ -106,10 +110,12 @@ func Serve(ctx context.Context, cfg ListenerConfig) (*Listeners, error) {
 			return fail(err)
 		}
 	}
-	go func() {
-		<-ctx.Done()
-		l.Close()
-	}()
+	// AfterFunc instead of a goroutine parked on ctx.Done: with a context
+	// that never ends, that goroutine would outlive Close.
+	stop := context.AfterFunc(ctx, func() { _ = l.Close() })
+	l.mu.Lock()
+	l.stopCtx = stop
+	l.mu.Unlock()
 	return l, nil
 }
 
@@ -133,14 +139,16 @@ func (l *Listeners) serveUDP(port int) error {
 	go func() {
 		defer l.wg.Done()
 		buf := make([]byte, 65536)
+		var bo backoff
 		for {
 			n, cm, from, err := p4.ReadFrom(buf)
 			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
+				if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
 					return
 				}
 				continue
 			}
+			bo.reset()
 			var wcm *ipv4.ControlMessage
 			local := ""
 			if cm != nil {
@@ -167,14 +175,16 @@ func (l *Listeners) serveUDP(port int) error {
 	go func() {
 		defer l.wg.Done()
 		buf := make([]byte, 65536)
+		var bo backoff
 		for {
 			n, cm, from, err := p6.ReadFrom(buf)
 			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
+				if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
 					return
 				}
 				continue
 			}
+			bo.reset()
 			var wcm *ipv6.ControlMessage
 			local := ""
 			if cm != nil {
@@ -203,17 +213,21 @@ func (l *Listeners) acceptLoop(ln net.Listener) {
 	if banner == "" {
 		banner = fmt.Sprintf("claudebox-probe %s tcp %d", l.host, port)
 	}
+	var bo backoff
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			// EMFILE and friends: back off instead of spinning.
+			if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
 				return
 			}
-			time.Sleep(10 * time.Millisecond) // EMFILE and friends: don't spin
 			continue
 		}
+		bo.reset()
 		l.record(Hit{Proto: "tcp", Port: port, Peer: c.RemoteAddr().String(), Local: c.LocalAddr().String()})
+		l.wg.Add(1) // the acceptLoop's own count keeps the group above zero here
 		go func() {
+			defer l.wg.Done()
 			defer c.Close()
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 			_, _ = c.Write([]byte(banner + "\n"))
@@ -241,6 +255,15 @@ func (l *Listeners) Hits() []Hit {
 
 // Close stops every listener and waits for their loops.
 func (l *Listeners) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.mu.Lock()
+		stop := l.stopCtx
+		l.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+	})
 	l.mu.Lock()
 	closers := l.closer
 	l.closer = nil

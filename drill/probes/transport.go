@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -320,9 +321,14 @@ func resendInterval(timeout time.Duration) time.Duration {
 	return iv
 }
 
+// truncate keeps at most n bytes of s, cut on a rune boundary so evidence
+// stays valid UTF-8.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }
