@@ -67,7 +67,7 @@ type Listeners struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	stopCtx   func() bool
-	host   string
+	host      string
 	// Bound reports the ports actually bound (useful with port 0 in tests).
 	TCPAddrs []net.Addr
 	UDPAddrs []net.Addr
