@@ -3,8 +3,6 @@ package drill
 import (
 	"slices"
 	"strings"
-
-	"github.com/claudebox/claudebox/drill/probes"
 )
 
 // Layer is one isolation mechanism the host stack holds.
@@ -77,23 +75,6 @@ func any1(ls ...Layer) Holds {
 	return h
 }
 
-// Expect is what a row must observe.
-type Expect string
-
-// Expectations. A negative expectation (dropped, no-answer, none) counts only when the row's
-// positive controls passed.
-const (
-	ExpectDropped  Expect = "dropped"   // silence: probes.Dropped
-	ExpectNoAnswer Expect = "no-answer" // the resolver answered without records (probes.Refused + DNS.Answered)
-	ExpectNone     Expect = "none"      // facts: no global/ULA IPv6 address, no IPv6 default route
-	ExpectOpen     Expect = "open"      // positive claims and controls
-	ExpectLease    Expect = "lease"     // facts: the box holds an IPv4 lease (a control)
-	ExpectAnswer   Expect = "answer"    // DNS: the resolver answered with records
-)
-
-// Negative reports whether an expectation is a "blocked" verdict that needs its controls.
-func (e Expect) Negative() bool { return e == ExpectDropped || e == ExpectNoAnswer || e == ExpectNone }
-
 // Claim names, one per row of DESIGN.md's table (box→box at L2 and by name split out).
 const (
 	ClaimBoxBox     = "box→box"
@@ -112,121 +93,3 @@ const (
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
 	ClaimLAN, ClaimCGNAT, ClaimIPv6, ClaimHostBox, ClaimInternet, ClaimControl}
-
-// ClaimSpec is a claim's layer attribution, as data. The attribution below is what was
-// MEASURED on this project's test machine (kernel without nft_meta_bridge, Incus 6.0.4),
-// not what DESIGN.md guessed; docs/drill.md lists where the two differ. Probe rows name
-// their claim and a "kind" key; the layers are looked up here.
-type ClaimSpec struct {
-	Claim string
-	Kind  string // "tcp", "udp", "icmp", "arp", "tcp6ll", "dns-instance", ... "" = every kind
-	Holds Holds
-}
-
-// Attribution is the layer data of every claim row kind.
-var Attribution = []ClaimSpec{
-	// Box→box over IPv4: port isolation, the nft bridge drop (subnet mode covers IPv4+ARP),
-	// and the ACL/guard forward chain while br_netfilter hands bridged frames to inet.
-	{ClaimBoxBox, "", Holds{{LayerPortIso}, {LayerNFTBridge}, {LayerBRNF}}},
-	{ClaimBoxBoxL2, "arp", any1(LayerPortIso, LayerNFTBridge)},
-	// IPv6 link-local: the nft fallback (subnet mode) does not see IPv6; br_netfilter's
-	// ip6tables hook hands it to the guard forward chain.
-	{ClaimBoxBoxL2, "tcp6ll", Holds{{LayerPortIso}, {LayerBRNF}}},
-	// Measured: dns.mode=managed registers the instance name (unqualified, .<domain>, PTR);
-	// without dhcp-ignore-names dnsmasq registers the DHCP hostname (unqualified and PTR;
-	// the qualified form needs the domain only dns.mode gives). The scratch agent sends the
-	// instance name as its DHCP hostname, so the unqualified rows need both layers.
-	{ClaimBoxBoxName, "dns-instance", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
-	{ClaimBoxBoxName, "dns-hostname", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
-	{ClaimBoxBoxName, "dns-hostname-fqdn", any1(LayerDNSModeNone)},
-	{ClaimBoxBoxName, "dns-ptr", Holds{{LayerDNSModeNone, LayerIgnoreNames}}},
-	{ClaimHostNames, "", any1(LayerNoHosts)},
-	{ClaimBoxHost, "gateway", any1(LayerHostGuard, LayerACL)},
-	{ClaimBoxHost, "", any1(LayerHostGuard)},
-	{ClaimLAN, "", any1(LayerACL)},
-	{ClaimCGNAT, "", any1(LayerACL)},
-	// The host input guard drops the boxes' router solicitations, which delays SLAAC until
-	// dnsmasq's next advertisement, but does not stop it (measured both ways): not a layer.
-	{ClaimIPv6, "", any1(LayerIPv6Off)},
-	{ClaimHostBox, "", any1(LayerACL)},
-	{ClaimInternet, "", nil},
-	{ClaimControl, "", nil},
-}
-
-// HoldsFor returns the attribution of a row.
-func HoldsFor(claim, kind string) Holds {
-	for _, c := range Attribution {
-		if c.Claim == claim && (c.Kind == kind || c.Kind == "") {
-			return c.Holds
-		}
-	}
-	return nil
-}
-
-// Row is one probe of the matrix: a claim, who probes whom with what, what must be seen.
-type Row struct {
-	ID       string      `json:"id"`
-	Claim    string      `json:"claim"`
-	Kind     string      `json:"kind"` // attribution key
-	From     string      `json:"from"` // box name, or "host"
-	To       string      `json:"to"`   // box name, "host", "gateway", decoy label
-	Probe    probes.Spec `json:"probe"`
-	Expected Expect      `json:"expected"`
-	Controls []string    `json:"controls,omitempty"` // IDs of the rows that must pass first
-	Holds    Holds       `json:"-"`
-	Layers   string      `json:"layers"`
-
-	Result   probes.Result `json:"result"`
-	Observed string        `json:"observed"`
-	Verdict  Verdict       `json:"verdict"`
-	Why      string        `json:"why,omitempty"`
-	Retried  bool          `json:"retried,omitempty"`
-}
-
-// Verdict of a row.
-type Verdict string
-
-// Verdicts: pass, FAIL (the claim does not hold: a hole, or a positive that failed),
-// check-failed (the probe or its control could not establish anything: never a pass).
-const (
-	Pass        Verdict = "pass"
-	Fail        Verdict = "FAIL"
-	CheckFailed Verdict = "check-failed"
-)
-
-// observe turns a probe result into what the row compares with its expectation.
-func observe(r *Row) string {
-	res := r.Result
-	switch r.Probe.Kind {
-	case probes.KindDNS:
-		switch {
-		case res.Outcome == probes.Open:
-			return "answer"
-		case res.Outcome == probes.Refused && res.DNS != nil && res.DNS.Answered:
-			return "no-answer"
-		case res.Outcome == probes.Dropped:
-			return "silence"
-		}
-		return string(res.Outcome)
-	case probes.KindFacts:
-		if res.Outcome != probes.Open || res.Facts == nil {
-			return string(res.Outcome)
-		}
-		if r.Expected == ExpectLease {
-			if len(res.Facts.IPv4) > 0 {
-				return "lease"
-			}
-			return "no-lease"
-		}
-		if res.Facts.HasGlobalIPv6 {
-			return "ipv6"
-		}
-		return "none"
-	}
-	if r.From == "host" && res.Outcome == probes.CheckFailed && strings.Contains(res.Evidence, "operation not permitted") {
-		// The host's own netfilter dropped the packet on output: sendmsg returns EPERM.
-		// Nothing left the host towards the target, which is what "dropped" claims.
-		return string(probes.Dropped)
-	}
-	return string(res.Outcome)
-}

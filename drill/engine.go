@@ -240,6 +240,16 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 	return nil
 }
 
+// topology is what the lab built, for the model to plan on.
+func (e *engine) topology() *Topology {
+	t := &Topology{Boxes: e.boxes, Gateway: e.gateway, Domain: e.domain, HostAddrs: e.hostAddrs, HostNames: e.hostNames,
+		HostTCP: e.hostTCP, HostUDP: e.hostUDP}
+	if e.decoy != nil {
+		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
+	}
+	return t
+}
+
 func (e *engine) instanceType() string {
 	if e.o.VM {
 		return "virtual-machine"

@@ -164,14 +164,14 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		if red {
 			hr.ObservedRed = append(hr.ObservedRed, r.ID)
 		}
-		if r.Verdict == CheckFailed {
+		if r.Verdict == NoCheck {
 			hr.CheckFailed = append(hr.CheckFailed, r.ID+": "+r.Why)
 		}
 		if exp && !red {
 			hr.Missing = append(hr.Missing, r.ID)
 		}
 		if red && !exp {
-			hr.Unexpected = append(hr.Unexpected, r.ID+" ("+r.Observed+")")
+			hr.Unexpected = append(hr.Unexpected, r.ID+" ("+string(r.Observed)+")")
 		}
 	}
 	hr.OK = len(hr.Missing) == 0 && len(hr.Unexpected) == 0 && len(hr.CheckFailed) == 0 && hr.Restored

@@ -74,15 +74,15 @@ func (r *Report) finish() {
 
 // mark is one outcome as a matrix cell.
 func mark(r *Row) string {
-	m := map[string]string{"open": "O", "refused": "R", "dropped": ".", "check-failed": "?", "answer": "A",
-		"no-answer": "-", "silence": "s", "none": "-", "ipv6": "6", "lease": "L", "no-lease": "!"}[r.Observed]
+	m := map[Outcome]string{Open: "O", Refused: "R", Dropped: ".", CheckFailed: "?", Answer: "A",
+		NoAnswer: "-", Silence: "s", None: "-", HasIPv6: "6", Lease: "L", NoLease: "!"}[r.Observed]
 	if m == "" {
-		m = r.Observed
+		m = string(r.Observed)
 	}
 	switch r.Verdict {
 	case Fail:
 		return m + "X"
-	case CheckFailed:
+	case NoCheck:
 		return m + "?"
 	}
 	return m

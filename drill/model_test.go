@@ -1,0 +1,312 @@
+package drill
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/claudebox/claudebox/drill/probes"
+)
+
+// testTopology is a lab as the model sees it: two boxes with link-local addresses, one
+// without, the gateway and one other host address, two host names, one decoy per range.
+func testTopology() *Topology {
+	box := func(n, v4, ll string) *Box {
+		b := &Box{Name: n, IPv4: netip.MustParseAddr(v4), Hostname: n}
+		if ll != "" {
+			b.LL = netip.MustParseAddr(ll).WithZone("eth0")
+		}
+		return b
+	}
+	return &Topology{
+		Boxes:   []*Box{box("a", "10.87.0.10", "fe80::a"), box("b", "10.87.0.11", "fe80::b"), box("c", "10.87.0.12", "")},
+		Gateway: netip.MustParsePrefix("10.87.0.1/24"), Domain: "incus",
+		HostAddrs: []netip.Addr{netip.MustParseAddr("10.87.0.1"), netip.MustParseAddr("192.0.2.5")},
+		HostNames: []string{"host1", "localhost"}, HostTCP: 4001, HostUDP: 4002,
+		Decoys: []DecoyTarget{
+			{Range: "10.0.0.0/8", Addr: netip.MustParseAddr("10.0.1.1"), Ports: []int{DecoyTCP}},
+			{Range: "169.254.0.0/16", Addr: netip.MustParseAddr("169.254.169.254"), Ports: []int{DecoyTCP, DecoyHTTP}},
+			{Range: "100.64.0.0/10", Addr: netip.MustParseAddr("100.64.0.1"), Ports: []int{DecoyTCP}},
+			{Range: "public", Addr: netip.MustParseAddr("198.18.0.10"), Ports: []int{DecoyTCP}},
+		},
+		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
+	}
+}
+
+func plan(t *testing.T) []Case {
+	t.Helper()
+	cases, err := Plan(Claims, testTopology(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cases
+}
+
+func byRow(cases []Case) map[string][]Case {
+	m := map[string][]Case{}
+	for _, c := range cases {
+		m[c.Row] = append(m[c.Row], c)
+	}
+	return m
+}
+
+// Every claim row plans cases on a full topology, with its expected number of cases.
+func TestEveryRowPlans(t *testing.T) {
+	want := map[string]int{
+		"ctl/self-tcp": 3, "ctl/self-udp": 3, "ctl/self-tcp6ll": 2, "ctl/arp-gateway": 3, "ctl/lease": 3,
+		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 5, "ctl/decoy-udp": 4, "ctl/decoy-icmp": 4,
+		"internet/tcp": 3, "internet/dns": 3,
+		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
+		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,
+		"host-names/dns": 6, "box-host/gateway-tcp": 3, "box-host/gateway-udp": 3, "box-host/addr-tcp": 3, "box-host/addr-udp": 3,
+		"lan/tcp": 3, "lan/udp": 3, "lan/icmp": 3, "cgnat/tcp": 9, "cgnat/udp": 6, "cgnat/icmp": 6,
+		"ipv6/facts": 3, "host-box/tcp": 3, "host-box/udp": 3,
+	}
+	got := byRow(plan(t))
+	for _, r := range Claims {
+		if _, ok := want[r.Key]; !ok {
+			t.Errorf("row %s has no expected case count in this test: add it", r.Key)
+		}
+	}
+	for k, n := range want {
+		if len(got[k]) != n {
+			t.Errorf("row %s: %d cases, want %d", k, len(got[k]), n)
+		}
+	}
+}
+
+// Every negative row names its layers and its controls; positives have neither layers nor
+// a negative expectation; every control is a positive row.
+func TestEveryRowIsComplete(t *testing.T) {
+	keys := map[string]ClaimRow{}
+	for _, r := range Claims {
+		keys[r.Key] = r
+	}
+	for _, r := range Claims {
+		if r.Claim == "" || r.Kind == "" || r.ID == "" || r.Probe == nil || r.From.pick == nil || r.To.pick == nil {
+			t.Errorf("row %s is missing a field", r.Key)
+		}
+		if !slices.Contains(ClaimOrder, r.Claim) {
+			t.Errorf("row %s: claim %q is not in ClaimOrder (the report would not print it)", r.Key, r.Claim)
+		}
+		if r.Expect.Negative() != (len(r.Holds) > 0) {
+			t.Errorf("row %s: expect %s with holds %s: negatives need layers, positives have none", r.Key, r.Expect, r.Holds)
+		}
+		if r.Expect.Negative() && len(r.Controls) == 0 {
+			t.Errorf("row %s: a negative verdict needs a positive control", r.Key)
+		}
+		for _, c := range r.Controls {
+			if keys[c.Row].Expect.Negative() {
+				t.Errorf("row %s: control %s is itself a negative", r.Key, c.Row)
+			}
+		}
+		for _, term := range r.Holds {
+			for _, l := range term {
+				if !slices.Contains(AllLayers, l) {
+					t.Errorf("row %s: layer %q has no seeded hole (AllLayers)", r.Key, l)
+				}
+			}
+		}
+	}
+}
+
+// The case IDs the report and the record use are stable.
+func TestCaseIDs(t *testing.T) {
+	ids := map[string]Case{}
+	for _, c := range plan(t) {
+		ids[c.ID] = c
+	}
+	for id, want := range map[string]string{
+		"ctl/a/self-tcp":                     "a",
+		"ctl/a/arp-gateway":                  "gateway",
+		"internet/a/tcp":                     "public decoy 198.18.0.10",
+		"internet/a/dns":                     "gateway DNS: public.x.claudebox-drill.test",
+		"box-box/a>b/tcp":                    "b",
+		"box-box-l2/a>b/tcp6ll":              "b",
+		"box-box-name/a>b/dns-hostname-fqdn": "b",
+		"host-names/a/host1":                 "host name host1",
+		"box-host/a>10.87.0.1/tcp":           "gateway 10.87.0.1",
+		"box-host/a>192.0.2.5/udp":           "host 192.0.2.5",
+		"decoy/a>169.254.169.254/tcp80":      "decoy 169.254.169.254",
+		"decoy/a>10.0.1.1/icmp":              "decoy 10.0.1.1",
+		"ipv6/a":                             "a",
+		"host-box/host>c/udp":                "c",
+		"ctl/host>192.0.2.5/tcp":             "host 192.0.2.5",
+		"ctl/host>198.18.0.10/tcp7001":       "decoy 198.18.0.10",
+	} {
+		if c, ok := ids[id]; !ok || c.To != want {
+			t.Errorf("case %s: to %q (planned %v), want %q", id, c.To, ok, want)
+		}
+	}
+	if _, ok := ids["box-box-l2/a>c/tcp6ll"]; ok {
+		t.Error("a box without a link-local address got a tcp6ll case")
+	}
+	c := ids["box-box/a>b/tcp"]
+	if !slices.Equal(c.Controls, []string{"ctl/b/self-tcp", "internet/a/tcp"}) {
+		t.Errorf("box-box/a>b/tcp controls = %v", c.Controls)
+	}
+	if c := ids["decoy/a>169.254.169.254/tcp80"]; !slices.Equal(c.Controls, []string{"ctl/host>169.254.169.254/tcp80"}) || c.Probe.Port != 80 {
+		t.Errorf("metadata case = %+v", c)
+	}
+	if c := ids["box-box-name/a>b/dns-hostname-fqdn"]; c.Probe.DNS.Name != "b.incus" || c.Probe.DNS.Server != "10.87.0.1" {
+		t.Errorf("fqdn probe = %+v", c.Probe.DNS)
+	}
+	if c := ids["box-host/a>10.87.0.1/tcp"]; c.Kind != "gateway" || c.Layers != "host-input-guard | acl" {
+		t.Errorf("gateway case: kind %s layers %s", c.Kind, c.Layers)
+	}
+	if c := ids["box-host/a>192.0.2.5/tcp"]; c.Kind != "host-addr" || c.Layers != "host-input-guard" {
+		t.Errorf("host-addr case: kind %s layers %s", c.Kind, c.Layers)
+	}
+	if c.Probe.Timeout != time.Second {
+		t.Errorf("timeout not defaulted: %v", c.Probe.Timeout)
+	}
+}
+
+// A typo'd control or a duplicate row is refused, never silently unchecked.
+func TestPlanRefusesBrokenTables(t *testing.T) {
+	bad := slices.Clone(Claims)
+	bad[len(bad)-1].Controls = []Control{{"ctl/self-tpc", EndTarget, EndTarget}}
+	if _, err := Plan(bad, testTopology(), 0); err == nil || !strings.Contains(err.Error(), "ctl/self-tpc") {
+		t.Errorf("typo'd control: %v", err)
+	}
+	if _, err := Plan(append(slices.Clone(Claims), Claims[0]), testTopology(), 0); err == nil {
+		t.Error("a duplicate row was accepted")
+	}
+	unplanned := slices.Clone(Claims)
+	for i := range unplanned {
+		if unplanned[i].Key == "ctl/self-tcp6ll" {
+			unplanned[i].To = ToSelf // would plan for c too; then drop a's control case:
+			unplanned[i].From = Selector{"only c", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes[2:], nil) }}
+		}
+	}
+	if _, err := Plan(unplanned, testTopology(), 0); err == nil || !strings.Contains(err.Error(), "is not planned") {
+		t.Errorf("a control case nobody planned: %v", err)
+	}
+}
+
+func TestJudge(t *testing.T) {
+	row := func(id string, exp, obs Outcome, ctl ...string) *Row {
+		return &Row{Case: Case{ID: id, Expected: exp, Controls: ctl}, Observed: obs}
+	}
+	ctl, badCtl := row("c", Open, Open), row("bc", Open, Dropped)
+	neg, negBadCtl := row("n", Dropped, Dropped, "c"), row("n2", Dropped, Dropped, "bc")
+	hole, refused := row("h", Dropped, Open, "bc"), row("r", Dropped, Refused, "c")
+	silent, dnsDropped := row("d", NoAnswer, Silence, "c"), row("dd", NoAnswer, Dropped, "c")
+	answered := row("a", NoAnswer, Answer, "c")
+	cf, ghost := row("x", Dropped, CheckFailed, "c"), row("g", Dropped, Dropped, "nosuch")
+	v6, v6ok := row("6", None, HasIPv6, "c"), row("6ok", None, None, "c")
+	lease := row("l", Lease, NoLease)
+	rows := []*Row{ctl, badCtl, neg, negBadCtl, hole, refused, silent, dnsDropped, answered, cf, ghost, v6, v6ok, lease}
+	Judge(rows)
+	for _, c := range []struct {
+		r    *Row
+		want Verdict
+	}{{ctl, Pass}, {badCtl, Fail}, {neg, Pass}, {negBadCtl, NoCheck}, {hole, Fail}, {refused, Fail}, {silent, NoCheck},
+		{dnsDropped, NoCheck}, {answered, Fail}, {cf, NoCheck}, {ghost, NoCheck}, {v6, Fail}, {v6ok, Pass}, {lease, Fail}} {
+		if c.r.Verdict != c.want {
+			t.Errorf("%s: verdict %s, want %s (%s)", c.r.ID, c.r.Verdict, c.want, c.r.Why)
+		}
+	}
+}
+
+// Observe maps every probe kind's results into the one vocabulary.
+func TestObserve(t *testing.T) {
+	dns := Case{Probe: probes.Spec{Kind: probes.KindDNS}, Expected: NoAnswer}
+	facts := Case{Probe: probes.Spec{Kind: probes.KindFacts}, Expected: None}
+	lease := Case{Probe: probes.Spec{Kind: probes.KindFacts}, Expected: Lease}
+	host := Case{From: "host", Probe: probes.Spec{Kind: probes.KindUDP}, Expected: Dropped}
+	box := Case{From: "a", Probe: probes.Spec{Kind: probes.KindUDP}, Expected: Dropped}
+	eperm := probes.Result{Outcome: probes.CheckFailed, Evidence: "write: operation not permitted"}
+	for i, c := range []struct {
+		c    Case
+		r    probes.Result
+		want Outcome
+	}{
+		{dns, probes.Result{Outcome: probes.Open}, Answer},
+		{dns, probes.Result{Outcome: probes.Refused, DNS: &probes.DNSAnswer{Answered: true, Rcode: "NXDOMAIN"}}, NoAnswer},
+		{dns, probes.Result{Outcome: probes.Refused}, Refused},
+		{dns, probes.Result{Outcome: probes.Dropped}, Silence},
+		{dns, probes.Result{Outcome: probes.CheckFailed}, CheckFailed},
+		{facts, probes.Result{Outcome: probes.Open, Facts: &probes.Facts{HasGlobalIPv6: true}}, HasIPv6},
+		{facts, probes.Result{Outcome: probes.Open, Facts: &probes.Facts{}}, None},
+		{facts, probes.Result{Outcome: probes.CheckFailed}, CheckFailed},
+		{lease, probes.Result{Outcome: probes.Open, Facts: &probes.Facts{IPv4: []string{"10.87.0.10/24"}}}, Lease},
+		{lease, probes.Result{Outcome: probes.Open, Facts: &probes.Facts{}}, NoLease},
+		{host, eperm, Dropped},
+		{box, eperm, CheckFailed},
+		{box, probes.Result{Outcome: probes.Refused}, Refused},
+	} {
+		if got := Observe(c.c, c.r); got != c.want {
+			t.Errorf("%d: observe = %s, want %s", i, got, c.want)
+		}
+	}
+}
+
+// The truth table is complete only when every planned case was observed once and judged.
+func TestComplete(t *testing.T) {
+	cases := plan(t)
+	rows := RowsOf(cases)
+	if err := Complete(cases, rows); err == nil {
+		t.Fatal("unjudged rows passed the completeness check")
+	}
+	for _, r := range rows {
+		r.Observed = r.Expected
+	}
+	Judge(rows)
+	if err := Complete(cases, rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Verdict != Pass {
+			t.Fatalf("%s observed as expected but judged %s: %s", r.ID, r.Verdict, r.Why)
+		}
+	}
+	if err := Complete(cases, rows[1:]); err == nil || !strings.Contains(err.Error(), rows[0].ID) {
+		t.Fatalf("a missing observation: %v", err)
+	}
+}
+
+// Each layer's seeded hole expects exactly the rows attributed to it; box→box needs all three.
+func TestExpectedRed(t *testing.T) {
+	rows := RowsOf(plan(t))
+	count := func(off ...Layer) map[string]int {
+		m := map[string]int{}
+		for _, id := range ExpectedRed(rows, off) {
+			m[strings.SplitN(id, "/", 2)[0]]++
+		}
+		return m
+	}
+	for _, l := range []Layer{LayerPortIso, LayerNFTBridge, LayerBRNF} {
+		if n := count(l)["box-box"] + count(l)["box-box-l2"]; n != 0 {
+			t.Errorf("%s alone opens %d box→box rows", l, n)
+		}
+	}
+	if got := count(LayerPortIso, LayerNFTBridge, LayerBRNF); got["box-box"] != 18 || got["box-box-l2"] != 10 {
+		t.Errorf("all box→box layers off: %v", got)
+	}
+	if got := count(LayerACL); got["decoy"] != 30 || got["host-box"] != 6 || got["box-host"] != 0 {
+		t.Errorf("ACL off: %v", got)
+	}
+	if got := count(LayerHostGuard); got["box-host"] != 6 {
+		t.Errorf("guard off: %v (want the 6 host-address rows)", got)
+	}
+	if got := count(LayerIgnoreNames); got["box-box-name"] != 18 {
+		t.Errorf("dhcp-ignore-names off: %v", got)
+	}
+	if got := count(LayerDNSModeNone); got["box-box-name"] != 24 {
+		t.Errorf("dns.mode=managed: %v", got)
+	}
+	if got := count(LayerNoHosts); got["host-names"] != 6 {
+		t.Errorf("no-hosts off: %v", got)
+	}
+	if got := count(LayerIPv6Off); got["ipv6"] != 3 {
+		t.Errorf("IPv6 on: %v", got)
+	}
+	for _, l := range LayersOf(Claims) {
+		if len(ExpectedRed(rows, AllLayers)) == 0 {
+			t.Errorf("no row opens with every layer off (%s)", l)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package drill
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/claudebox/claudebox/drill/probes"
+)
+
+// The isolation contract as data: one ClaimRow per probe of a claim, with its selectors,
+// probe, expectation, positive controls and the layers that hold it. The attribution is
+// what the seeded holes MEASURED on this project's test machine (kernel without
+// nft_meta_bridge, Incus 6.0.4); docs/drill.md lists where it differs from DESIGN.md.
+// Adding a claim is adding rows here (and, if new, a probe kind in drill/probes).
+
+// Selectors.
+var (
+	FromBoxes = Selector{"every box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes, nil) }}
+	FromHost  = Selector{"the host", func(*Topology, Endpoint) []Endpoint { return []Endpoint{hostEnd} }}
+
+	ToSelf = Selector{"the box itself", func(_ *Topology, from Endpoint) []Endpoint { return []Endpoint{from} }}
+	// ToSelfLL is the box itself when it has an IPv6 link-local address.
+	ToSelfLL = Selector{"the box itself (link-local)", func(_ *Topology, from Endpoint) []Endpoint {
+		if from.Box == nil || !from.Box.LL.IsValid() {
+			return nil
+		}
+		return []Endpoint{from}
+	}}
+	ToBoxes      = Selector{"every box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes, nil) }}
+	ToOtherBoxes = Selector{"every other box", func(t *Topology, from Endpoint) []Endpoint {
+		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key })
+	}}
+	ToOtherBoxesLL = Selector{"every other box with a link-local address", func(t *Topology, from Endpoint) []Endpoint {
+		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key && b.LL.IsValid() })
+	}}
+	ToGateway   = Selector{"the gateway", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.gatewayEnd()} }}
+	ToPublic    = Selector{"the public decoy", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.publicEnd()} }}
+	ToPublicDNS = Selector{"the public name at the gateway", func(t *Topology, _ Endpoint) []Endpoint {
+		return []Endpoint{{Key: t.PublicName, Label: "gateway DNS: " + t.PublicName, Name: t.PublicName}}
+	}}
+	ToHostNames = Selector{"the host's names", func(t *Topology, _ Endpoint) []Endpoint {
+		var out []Endpoint
+		for _, n := range t.HostNames {
+			out = append(out, Endpoint{Key: n, Label: "host name " + n, Name: n})
+		}
+		return out
+	}}
+	ToHostAddrs      = Selector{"every host address", hostAddrs(func(netip.Addr, bool) bool { return true })}
+	ToGatewayAddr    = Selector{"the gateway address", hostAddrs(func(_ netip.Addr, gw bool) bool { return gw })}
+	ToOtherHostAddrs = Selector{"every other host address", hostAddrs(func(_ netip.Addr, gw bool) bool { return !gw })}
+	ToDecoysTCP      = Selector{"every decoy, each TCP port", decoys(isAnyDecoy, true)}
+	ToDecoys         = Selector{"every decoy", decoys(isAnyDecoy, false)}
+	ToLANDecoysTCP   = Selector{"LAN decoys, each TCP port", decoys(isLAN, true)}
+	ToLANDecoys      = Selector{"LAN decoys", decoys(isLAN, false)}
+	ToCGNATDecoysTCP = Selector{"CGNAT and link-local decoys, each TCP port", decoys(isCGNAT, true)}
+	ToCGNATDecoys    = Selector{"CGNAT and link-local decoys", decoys(isCGNAT, false)}
+	isAnyDecoy       = func(DecoyTarget) bool { return true }
+	isLAN, isCGNAT   = func(d DecoyTarget) bool { return blocked(d) && !cgnat(d) }, func(d DecoyTarget) bool { return blocked(d) && cgnat(d) }
+	blocked, cgnat   = func(d DecoyTarget) bool { return d.Range != "public" }, func(d DecoyTarget) bool {
+		return strings.HasPrefix(d.Range, "100.64") || strings.HasPrefix(d.Range, "169.254")
+	}
+	selfTCP, selfUDP = Control{"ctl/self-tcp", EndTarget, EndTarget}, Control{"ctl/self-udp", EndTarget, EndTarget}
+	inetTCP, inetDNS = Control{"internet/tcp", EndSource, EndPublic}, Control{"internet/dns", EndSource, EndPublic}
+	hostListener     = func(p string) Control { return Control{"ctl/host-" + p, EndHost, EndTarget} }
+	decoyFromHost    = func(p string) Control { return Control{"ctl/decoy-" + p, EndHost, EndTarget} }
+	boxBoxLayers     = Holds{{LayerPortIso}, {LayerNFTBridge}, {LayerBRNF}}
+	bothNameLayers   = Holds{{LayerDNSModeNone, LayerIgnoreNames}}
+	defaultSelfTCP   = func(from, _ Endpoint, _ *Topology) probes.Spec { return tcp(from.Box.IPv4, probes.DefaultTCPPort) }
+	defaultSelfUDP   = func(from, _ Endpoint, _ *Topology) probes.Spec { return udp(from.Box.IPv4, probes.DefaultUDPPort) }
+	toAddrTCP        = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Addr, to.Port) }
+	toAddrICMP       = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
+	toDecoyUDP       = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
+	toBoxTCP         = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
+	toBoxUDP         = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
+	toHostTCP        = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
+	toHostUDP        = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
+	askGateway       = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
+		return func(_, to Endpoint, t *Topology) probes.Spec { return dnsq(t.Gateway.Addr(), name(to, t), typ) }
+	}
+)
+
+// Claims is the contract. Controls come first only for reading; Plan resolves references
+// in any order.
+var Claims = []ClaimRow{
+	// Positive controls: each box reaches its own listeners and the gateway's ARP, holds a
+	// lease; the host reaches its own listeners and every decoy.
+	{Key: "ctl/self-tcp", Claim: ClaimControl, Kind: "self", ID: "ctl/{from}/self-tcp", From: FromBoxes, To: ToSelf, Probe: defaultSelfTCP, Expect: Open},
+	{Key: "ctl/self-udp", Claim: ClaimControl, Kind: "self", ID: "ctl/{from}/self-udp", From: FromBoxes, To: ToSelf, Probe: defaultSelfUDP, Expect: Open},
+	{Key: "ctl/self-tcp6ll", Claim: ClaimControl, Kind: "self", ID: "ctl/{from}/self-tcp6ll", From: FromBoxes, To: ToSelfLL, Expect: Open,
+		Probe: func(from, _ Endpoint, _ *Topology) probes.Spec { return tcp6ll(from.Box.LL) }},
+	{Key: "ctl/arp-gateway", Claim: ClaimControl, Kind: "arp", ID: "ctl/{from}/arp-gateway", From: FromBoxes, To: ToGateway, Expect: Open,
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec { return arp(to.Addr) }},
+	{Key: "ctl/lease", Claim: ClaimControl, Kind: "lease", ID: "ctl/{from}/lease", From: FromBoxes, To: ToSelf, Expect: Lease, Probe: facts},
+	{Key: "ctl/host-tcp", Claim: ClaimControl, Kind: "host-listener", ID: "ctl/host>{to}/tcp", From: FromHost, To: ToHostAddrs, Probe: toHostTCP, Expect: Open},
+	{Key: "ctl/host-udp", Claim: ClaimControl, Kind: "host-listener", ID: "ctl/host>{to}/udp", From: FromHost, To: ToHostAddrs, Probe: toHostUDP, Expect: Open},
+	{Key: "ctl/decoy-tcp", Claim: ClaimControl, Kind: "decoy", ID: "ctl/host>{to}/tcp{port}", From: FromHost, To: ToDecoysTCP, Probe: toAddrTCP, Expect: Open},
+	{Key: "ctl/decoy-udp", Claim: ClaimControl, Kind: "decoy", ID: "ctl/host>{to}/udp", From: FromHost, To: ToDecoys, Probe: toDecoyUDP, Expect: Open},
+	{Key: "ctl/decoy-icmp", Claim: ClaimControl, Kind: "decoy", ID: "ctl/host>{to}/icmp", From: FromHost, To: ToDecoys, Probe: toAddrICMP, Expect: Open},
+
+	// The internet: the only thing a box reaches (it is also the control of most claims).
+	{Key: "internet/tcp", Claim: ClaimInternet, Kind: "tcp", ID: "internet/{from}/tcp", From: FromBoxes, To: ToPublic, Probe: toAddrTCP, Expect: Open},
+	{Key: "internet/dns", Claim: ClaimInternet, Kind: "dns", ID: "internet/{from}/dns", From: FromBoxes, To: ToPublicDNS, Expect: Answer,
+		Probe: askGateway(func(to Endpoint, _ *Topology) string { return to.Name }, "A")},
+
+	// Box→box over IPv4: port isolation, the nft bridge drop (subnet mode covers IPv4+ARP),
+	// and the ACL/guard forward chain while br_netfilter hands bridged frames to inet.
+	{Key: "box-box/tcp", Claim: ClaimBoxBox, Kind: "tcp", ID: "box-box/{from}>{to}/tcp", From: FromBoxes, To: ToOtherBoxes, Probe: toBoxTCP,
+		Expect: Dropped, Controls: []Control{selfTCP, inetTCP}, Holds: boxBoxLayers},
+	{Key: "box-box/udp", Claim: ClaimBoxBox, Kind: "udp", ID: "box-box/{from}>{to}/udp", From: FromBoxes, To: ToOtherBoxes, Probe: toBoxUDP,
+		Expect: Dropped, Controls: []Control{selfUDP, inetTCP}, Holds: boxBoxLayers},
+	{Key: "box-box/icmp", Claim: ClaimBoxBox, Kind: "icmp", ID: "box-box/{from}>{to}/icmp", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Box.IPv4) }, Controls: []Control{selfTCP, inetTCP}, Holds: boxBoxLayers},
+	{Key: "box-box-l2/arp", Claim: ClaimBoxBoxL2, Kind: "arp", ID: "box-box-l2/{from}>{to}/arp", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
+		Probe:    func(_, to Endpoint, _ *Topology) probes.Spec { return arp(to.Box.IPv4) },
+		Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}}, Holds: any1(LayerPortIso, LayerNFTBridge)},
+	// IPv6 link-local: the nft fallback (subnet mode) does not see IPv6; br_netfilter's
+	// ip6tables hook hands it to the guard forward chain.
+	{Key: "box-box-l2/tcp6ll", Claim: ClaimBoxBoxL2, Kind: "tcp6ll", ID: "box-box-l2/{from}>{to}/tcp6ll", From: FromBoxes, To: ToOtherBoxesLL, Expect: Dropped,
+		Probe:    func(_, to Endpoint, _ *Topology) probes.Spec { return tcp6ll(to.Box.LL) },
+		Controls: []Control{{"ctl/self-tcp6ll", EndTarget, EndTarget}}, Holds: Holds{{LayerPortIso}, {LayerBRNF}}},
+
+	// Box→box by name. Measured: dns.mode=managed registers the instance name (unqualified,
+	// .<domain>, PTR); without dhcp-ignore-names dnsmasq registers the DHCP hostname
+	// (unqualified and PTR; the qualified form needs the domain only dns.mode gives). The
+	// scratch agent sends the instance name as its DHCP hostname, so the unqualified rows
+	// need both layers.
+	nameRow("dns-instance", func(to Endpoint, _ *Topology) string { return to.Box.Name }, "A", bothNameLayers),
+	nameRow("dns-hostname", func(to Endpoint, _ *Topology) string { return to.Box.Hostname }, "A", bothNameLayers),
+	nameRow("dns-hostname-fqdn", func(to Endpoint, t *Topology) string { return to.Box.Hostname + "." + t.Domain }, "A", any1(LayerDNSModeNone)),
+	nameRow("dns-ptr", func(to Endpoint, _ *Topology) string { return to.Box.IPv4.String() }, "PTR", bothNameLayers),
+	{Key: "host-names/dns", Claim: ClaimHostNames, Kind: "dns", ID: "host-names/{from}/{to}", From: FromBoxes, To: ToHostNames, Expect: NoAnswer,
+		Probe:    askGateway(func(to Endpoint, _ *Topology) string { return to.Name }, "A"),
+		Controls: []Control{inetDNS}, Holds: any1(LayerNoHosts)},
+
+	// Box→host: the gateway (guard and ACL) and the host's other addresses (guard).
+	{Key: "box-host/gateway-tcp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostTCP,
+		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL)},
+	{Key: "box-host/gateway-udp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostUDP,
+		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL)},
+	{Key: "box-host/addr-tcp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostTCP,
+		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard)},
+	{Key: "box-host/addr-udp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostUDP,
+		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard)},
+
+	// Box→LAN, CGNAT and link-local decoys (169.254.169.254:80 included).
+	decoyRow(ClaimLAN, "lan", "tcp", ToLANDecoysTCP),
+	decoyRow(ClaimLAN, "lan", "udp", ToLANDecoys),
+	decoyRow(ClaimLAN, "lan", "icmp", ToLANDecoys),
+	decoyRow(ClaimCGNAT, "cgnat", "tcp", ToCGNATDecoysTCP),
+	decoyRow(ClaimCGNAT, "cgnat", "udp", ToCGNATDecoys),
+	decoyRow(ClaimCGNAT, "cgnat", "icmp", ToCGNATDecoys),
+
+	// IPv6: no global/ULA address, no v6 default route. The host input guard drops the
+	// boxes' router solicitations, which delays SLAAC until dnsmasq's next advertisement,
+	// but does not stop it (measured both ways): not a layer.
+	{Key: "ipv6/facts", Claim: ClaimIPv6, Kind: "facts", ID: "ipv6/{from}", From: FromBoxes, To: ToSelf, Probe: facts, Expect: None,
+		Controls: []Control{{"ctl/lease", EndSource, EndSource}}, Holds: any1(LayerIPv6Off)},
+
+	// Host→box: the ACL's default ingress drop.
+	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,
+		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL)},
+	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
+		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL)},
+}
+
+func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h Holds) ClaimRow {
+	return ClaimRow{Key: "box-box-name/" + kind, Claim: ClaimBoxBoxName, Kind: kind, ID: "box-box-name/{from}>{to}/" + kind,
+		From: FromBoxes, To: ToOtherBoxes, Probe: askGateway(name, typ), Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: h}
+}
+
+// decoyRow is box→decoy for one protocol; its control is the host reaching the same decoy
+// (and port) the same way.
+func decoyRow(claim, key, proto string, to Selector) ClaimRow {
+	r := ClaimRow{Key: key + "/" + proto, Claim: claim, Kind: proto, ID: "decoy/{from}>{to}/" + proto, From: FromBoxes, To: to,
+		Expect: Dropped, Controls: []Control{decoyFromHost(proto)}, Holds: any1(LayerACL)}
+	switch proto {
+	case "tcp":
+		r.ID += "{port}"
+		r.Probe = toAddrTCP
+	case "udp":
+		r.Probe = toDecoyUDP
+	default:
+		r.Probe = toAddrICMP
+	}
+	return r
+}
+
+func boxEnds(bs []*Box, keep func(*Box) bool) []Endpoint {
+	var out []Endpoint
+	for _, b := range bs {
+		if keep == nil || keep(b) {
+			out = append(out, Endpoint{Key: b.Name, Label: b.Name, Addr: b.IPv4, Box: b})
+		}
+	}
+	return out
+}
+
+func hostAddrs(keep func(a netip.Addr, gateway bool) bool) func(*Topology, Endpoint) []Endpoint {
+	return func(t *Topology, _ Endpoint) []Endpoint {
+		var out []Endpoint
+		for _, h := range t.HostAddrs {
+			gw := h == t.Gateway.Addr()
+			if !keep(h, gw) {
+				continue
+			}
+			label := "host " + h.String()
+			if gw {
+				label = "gateway " + h.String()
+			}
+			out = append(out, Endpoint{Key: h.String(), Label: label, Addr: h})
+		}
+		return out
+	}
+}
+
+// decoys selects decoy targets; perPort gives one endpoint per TCP port.
+func decoys(keep func(DecoyTarget) bool, perPort bool) func(*Topology, Endpoint) []Endpoint {
+	return func(t *Topology, _ Endpoint) []Endpoint {
+		var out []Endpoint
+		for _, d := range t.Decoys {
+			if !keep(d) {
+				continue
+			}
+			e := Endpoint{Key: d.Addr.String(), Label: "decoy " + d.Addr.String(), Addr: d.Addr}
+			if !perPort {
+				out = append(out, e)
+				continue
+			}
+			for _, p := range d.Ports {
+				e.Port = p
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+}
+
+func tcp(target netip.Addr, port int) probes.Spec {
+	return probes.Spec{Kind: probes.KindTCP, Target: target.String(), Port: port}
+}
+func udp(target netip.Addr, port int) probes.Spec {
+	return probes.Spec{Kind: probes.KindUDP, Target: target.String(), Port: port}
+}
+func icmp(target netip.Addr) probes.Spec {
+	return probes.Spec{Kind: probes.KindICMP, Target: target.String()}
+}
+func arp(target netip.Addr) probes.Spec {
+	return probes.Spec{Kind: probes.KindARP, Target: target.String()}
+}
+func tcp6ll(target netip.Addr) probes.Spec {
+	return probes.Spec{Kind: probes.KindTCP6LL, Target: target.String(), Port: probes.DefaultTCPPort}
+}
+func dnsq(server netip.Addr, name, typ string) probes.Spec {
+	return probes.Spec{Kind: probes.KindDNS, DNS: &probes.DNSQuery{Server: server.String(), Name: name, Type: typ}}
+}
+func facts(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindFacts} }
