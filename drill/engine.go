@@ -24,8 +24,8 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/drill/probes"
-	"github.com/claudebox/claudebox/internal/scratch"
 )
 
 // Options configure a drill run.
@@ -271,7 +271,7 @@ func (e *engine) ensureImage(ctx context.Context) error {
 	if e.o.VM {
 		return boxcore.Usagef("drill --vm: pass --image with a VM image that has the Incus agent (e.g. images:debian/12/cloud)")
 	}
-	e.image, err = scratch.EnsureImage(ctx, e.c, e.o.Binary, "claudebox-probe")
+	e.image, err = image.EnsureImage(ctx, e.c, e.o.Binary, "claudebox-probe")
 	return err
 }
 

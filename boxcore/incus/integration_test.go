@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
-	"github.com/claudebox/claudebox/internal/scratch"
+	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/internal/testenv"
 )
 
@@ -42,7 +42,7 @@ func newFixture(t testing.TB) *fixture {
 	bin := testenv.BuildTestInit(t, f.prefix)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	alias, err := scratch.EnsureImage(ctx, c, bin, f.prefix)
+	alias, err := image.EnsureImage(ctx, c, bin, f.prefix)
 	if err != nil {
 		t.Fatalf("EnsureImage: %v", err)
 	}
@@ -152,15 +152,15 @@ func TestIntegration(t *testing.T) {
 		}
 		// Reuse: a second EnsureImage finds the alias and imports nothing.
 		bin := testenv.BuildTestInit(t, p)
-		again, err := scratch.EnsureImage(ctx, c, bin, p)
+		again, err := image.EnsureImage(ctx, c, bin, p)
 		if err != nil || again != f.alias {
 			t.Fatalf("EnsureImage again: %q, %v (want %q)", again, err, f.alias)
 		}
-		tarball, _, err := scratch.BuildFile(bin)
+		tarball, _, err := image.BuildFile(bin)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fp := scratch.Fingerprint(tarball); fp != img.Fingerprint {
+		if fp := image.Fingerprint(tarball); fp != img.Fingerprint {
 			t.Errorf("fingerprint: daemon %s, ours %s", img.Fingerprint, fp)
 		}
 		// Importing the same tarball again is a conflict.

@@ -21,7 +21,7 @@ import (
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/boxcore/templates"
-	"github.com/claudebox/claudebox/internal/scratch"
+	"github.com/claudebox/claudebox/drill/image"
 )
 
 func main() {
@@ -31,7 +31,7 @@ func main() {
 	ctx := context.Background()
 	c, err := incus.Connect(ctx, "")
 	must(err)
-	image, err := scratch.EnsureImage(ctx, c, *bin, "claudebox-probe")
+	image, err := image.EnsureImage(ctx, c, *bin, "claudebox-probe")
 	must(err)
 	stack := boxcore.DefaultStack()
 	prefix := fmt.Sprintf("cbbench-%d", time.Now().Unix()%100000)

@@ -10,7 +10,7 @@
 //   - Sweep(t, c, component) removes what dead runs of the same component left behind:
 //     instances, images, profiles, ACLs and networks carrying the test marks of another run
 //     of that component, older than SweepAge (so parallel runs are left alone).
-//   - BuildTestInit(t, tag) builds internal/scratch/testinit (static) for a scratch image.
+//   - BuildTestInit(t, tag) builds internal/testinit (static) for a scratch image.
 package testenv
 
 import (
@@ -205,14 +205,14 @@ func ShortPrefix(component string) string {
 	return "cb" + ch + RunID()
 }
 
-// BuildTestInit builds internal/scratch/testinit as a static binary into a temp dir and
+// BuildTestInit builds internal/testinit as a static binary into a temp dir and
 // returns its path. tag is stamped into the binary (main.buildTag), so that distinct tags
 // give distinct images: use the run prefix to keep parallel test packages apart.
 func BuildTestInit(t testing.TB, tag string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "testinit")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.buildTag="+tag,
-		"-o", out, "github.com/claudebox/claudebox/internal/scratch/testinit")
+		"-o", out, "github.com/claudebox/claudebox/internal/testinit")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building testinit: %v\n%s", err, b)

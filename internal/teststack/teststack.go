@@ -21,7 +21,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
-	"github.com/claudebox/claudebox/internal/scratch"
+	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/internal/testenv"
 )
 
@@ -163,7 +163,7 @@ func RemoveBinary() {
 // (imported once, reused by content hash).
 func ProbeImage(t testing.TB, c *incus.Client) string {
 	t.Helper()
-	alias, err := scratch.EnsureImage(context.Background(), c, Binary(t), "claudebox-probe")
+	alias, err := image.EnsureImage(context.Background(), c, Binary(t), "claudebox-probe")
 	if err != nil {
 		t.Fatalf("probe image: %v", err)
 	}

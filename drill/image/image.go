@@ -1,4 +1,4 @@
-// Package scratch builds the smallest Incus container image there is: a unified image
+// Package image builds the drill's probe image, the smallest Incus container image there is: a unified image
 // tarball (metadata.yaml + rootfs/) whose rootfs holds one static binary as /sbin/init and
 // the empty directories a container needs (dev, proc, sys, tmp, run, etc, root, var, ...).
 // There is no /etc/hostname, no shell and no libc: the binary is the whole system, and it
@@ -7,7 +7,7 @@
 // The tarball is deterministic (fixed times and owners), so the same binary and recipe
 // always give the same bytes and therefore the same Incus fingerprint. EnsureImage imports
 // it once and finds it again by an alias derived from the content hash.
-package scratch
+package image
 
 import (
 	"archive/tar"

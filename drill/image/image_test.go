@@ -1,4 +1,4 @@
-package scratch_test
+package image_test
 
 import (
 	"archive/tar"
@@ -11,24 +11,24 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
-	"github.com/claudebox/claudebox/internal/scratch"
+	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/internal/testenv"
 )
 
 func TestBuild(t *testing.T) {
 	bin := []byte("\x7fELF pretend static binary")
-	a, h1, err := scratch.Build(bin)
+	a, h1, err := image.Build(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, h2, _ := scratch.Build(bin)
+	b, h2, _ := image.Build(bin)
 	if !bytes.Equal(a, b) || h1 != h2 || len(h1) != 64 {
 		t.Fatalf("not deterministic: %v %s %s", bytes.Equal(a, b), h1, h2)
 	}
-	if _, h3, _ := scratch.Build(append(bin, 'x')); h3 == h1 {
+	if _, h3, _ := image.Build(append(bin, 'x')); h3 == h1 {
 		t.Errorf("different binaries, same hash")
 	}
-	if got := scratch.Alias("cbt-x", h1); got != "cbt-x-"+h1[:16] {
+	if got := image.Alias("cbt-x", h1); got != "cbt-x-"+h1[:16] {
 		t.Errorf("alias %s", got)
 	}
 	entries := map[string]*tar.Header{}
@@ -69,7 +69,7 @@ func TestBuild(t *testing.T) {
 		t.Errorf("has /etc/hostname")
 	}
 	m := string(meta)
-	if !strings.Contains(m, "architecture: "+scratch.Arch()) || !strings.Contains(m, "creation_date: 1700000000") || !strings.Contains(m, h1) {
+	if !strings.Contains(m, "architecture: "+image.Arch()) || !strings.Contains(m, "creation_date: 1700000000") || !strings.Contains(m, h1) {
 		t.Errorf("metadata.yaml:\n%s", m)
 	}
 }
@@ -85,7 +85,7 @@ func TestBoot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	tarball, hash, err := scratch.BuildFile(bin)
+	tarball, hash, err := image.BuildFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,18 +98,18 @@ func TestBoot(t *testing.T) {
 			t.Errorf("deleting image: %v", err)
 		}
 	})
-	if fp != scratch.Fingerprint(tarball) {
-		t.Errorf("fingerprint %s, want %s", fp, scratch.Fingerprint(tarball))
+	if fp != image.Fingerprint(tarball) {
+		t.Errorf("fingerprint %s, want %s", fp, image.Fingerprint(tarball))
 	}
 	start := time.Now()
-	alias, err := scratch.EnsureImage(ctx, c, bin, prefix)
+	alias, err := image.EnsureImage(ctx, c, bin, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alias != scratch.Alias(prefix, hash) {
+	if alias != image.Alias(prefix, hash) {
 		t.Errorf("alias %s", alias)
 	}
-	again, err := scratch.EnsureImage(ctx, c, bin, prefix)
+	again, err := image.EnsureImage(ctx, c, bin, prefix)
 	if err != nil || again != alias {
 		t.Errorf("reuse: %s %v", again, err)
 	}
@@ -164,20 +164,20 @@ func TestPruneImages(t *testing.T) {
 	prefix := testenv.Prefix("prune")
 	var aliases []string
 	for _, tag := range []string{prefix + "-1", prefix + "-2"} {
-		alias, err := scratch.EnsureImage(ctx, c, testenv.BuildTestInit(t, tag), prefix)
+		alias, err := image.EnsureImage(ctx, c, testenv.BuildTestInit(t, tag), prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
 		aliases = append(aliases, alias)
 	}
-	t.Cleanup(func() { scratch.PruneImages(context.Background(), c, prefix, "", -time.Hour) })
+	t.Cleanup(func() { image.PruneImages(context.Background(), c, prefix, "", -time.Hour) })
 	if aliases[0] == aliases[1] {
 		t.Fatal("two builds gave one alias")
 	}
 	if _, err := c.ImageAlias(ctx, aliases[0]); err != nil {
 		t.Fatalf("a fresh image was pruned at once: %v", err)
 	}
-	if n := scratch.PruneImages(ctx, c, prefix, aliases[1], -time.Hour); n != 1 {
+	if n := image.PruneImages(ctx, c, prefix, aliases[1], -time.Hour); n != 1 {
 		t.Fatalf("pruned %d images, want 1", n)
 	}
 	if _, err := c.ImageAlias(ctx, aliases[0]); !errors.Is(err, incus.ErrNotFound) {
