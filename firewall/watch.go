@@ -1,0 +1,146 @@
+package firewall
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+)
+
+// Generation is one nftables ruleset generation the kernel committed: who committed it and
+// what it changed. The drill watches generations to notice a writer it did not expect
+// during a probe batch (the batch is re-run, not judged) and to see Incus re-applying its
+// firewall (the re-apply window rows need to know it happened while they flooded).
+type Generation struct {
+	At      time.Time `json:"at"`
+	ID      uint32    `json:"id"`
+	PID     uint32    `json:"pid"`
+	Comm    string    `json:"comm"`
+	Changes []string  `json:"changes"` // "delchain inet incus fwd.claudenet", "newrule inet incus acl.claudenet"
+}
+
+// Watcher records generations until Stop.
+type Watcher struct {
+	mon  *nftables.Monitor
+	mu   sync.Mutex
+	gens []Generation
+	done chan struct{}
+}
+
+// Watch starts recording every generation committed from now on.
+func Watch() (*Watcher, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(4096))
+	ch, err := c.AddGenerationalMonitor(mon)
+	if err != nil {
+		return nil, fmt.Errorf("watching nftables: %w", err)
+	}
+	w := &Watcher{mon: mon, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for evs := range ch {
+			g := Generation{At: time.Now()}
+			if evs.GeneratedBy != nil {
+				if gm, ok := evs.GeneratedBy.Data.(*nftables.GenMsg); ok {
+					g.ID, g.PID, g.Comm = gm.ID, gm.ProcPID, gm.ProcComm
+				}
+			}
+			for _, ev := range evs.Changes {
+				if s := describe(ev); s != "" {
+					g.Changes = append(g.Changes, s)
+				}
+			}
+			w.mu.Lock()
+			w.gens = append(w.gens, g)
+			w.mu.Unlock()
+		}
+	}()
+	return w, nil
+}
+
+// Generations returns what was recorded so far.
+func (w *Watcher) Generations() []Generation {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Generation(nil), w.gens...)
+}
+
+// Stop ends the watch and returns every generation recorded; the recording goroutine is
+// gone when it returns.
+func (w *Watcher) Stop() []Generation {
+	_ = w.mon.Close()
+	<-w.done
+	return w.Generations()
+}
+
+// ByOthers keeps the generations not committed by this process.
+func ByOthers(gens []Generation) []Generation {
+	me := uint32(os.Getpid())
+	var out []Generation
+	for _, g := range gens {
+		if g.PID != me {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// ReapplyOf reports whether gens hold Incus deleting the chains of bridge's network in its
+// own table (what every re-apply of a managed network begins with), and when.
+func ReapplyOf(gens []Generation, bridge string) (time.Time, bool) {
+	for _, g := range gens {
+		for _, c := range g.Changes {
+			if strings.HasPrefix(c, "delchain inet incus ") && strings.HasSuffix(c, "."+bridge) {
+				return g.At, true
+			}
+		}
+	}
+	return time.Time{}, false
+}
+
+func describe(ev *nftables.MonitorEvent) string {
+	if ev.Error != nil {
+		return ""
+	}
+	verb := map[nftables.MonitorEventType]string{
+		nftables.MonitorEventTypeNewTable: "newtable", nftables.MonitorEventTypeDelTable: "deltable",
+		nftables.MonitorEventTypeNewChain: "newchain", nftables.MonitorEventTypeDelChain: "delchain",
+		nftables.MonitorEventTypeNewRule: "newrule", nftables.MonitorEventTypeDelRule: "delrule",
+	}[ev.Type]
+	if verb == "" {
+		return ""
+	}
+	switch d := ev.Data.(type) {
+	case *nftables.Table:
+		return fmt.Sprintf("%s %s %s", verb, familyName(d.Family), d.Name)
+	case *nftables.Chain:
+		if d.Table != nil {
+			return fmt.Sprintf("%s %s %s %s", verb, familyName(d.Table.Family), d.Table.Name, d.Name)
+		}
+	case *nftables.Rule:
+		if d.Table != nil && d.Chain != nil {
+			return fmt.Sprintf("%s %s %s %s", verb, familyName(d.Table.Family), d.Table.Name, d.Chain.Name)
+		}
+	}
+	return verb
+}
+
+func familyName(f nftables.TableFamily) string {
+	switch f {
+	case nftables.TableFamilyINet:
+		return "inet"
+	case nftables.TableFamilyBridge:
+		return "bridge"
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
+	}
+	return fmt.Sprint(f)
+}
