@@ -22,7 +22,7 @@ import (
 // Observed is what the kernel holds for one bridge's tables.
 type Observed struct {
 	Bridge string
-	Tables []TableState // bridge table, then guard table; Present says if it exists
+	Tables []TableState // bridge table, guard table, wall table; Present says if it exists
 }
 
 // TableState is one of our tables as read back.
@@ -85,7 +85,7 @@ func policyName(p *nftables.ChainPolicy) string {
 // ourTables lists our tables as (family, name), bridge table first.
 func ourTables(bridge string) []Chain {
 	bt, gt := TableNames(bridge)
-	return []Chain{{Table: bt, Family: FamilyBridge}, {Table: gt, Family: FamilyInet}}
+	return []Chain{{Table: bt, Family: FamilyBridge}, {Table: gt, Family: FamilyInet}, {Table: WallTableName(bridge), Family: FamilyInet}}
 }
 
 // chainsOf returns the desired chains of one table.
@@ -126,7 +126,7 @@ func BridgeMetaSupported() bool {
 	return bridgeMeta.ok
 }
 
-// Read reads back both tables for bridge over netlink.
+// Read reads back the three tables for bridge over netlink.
 func Read(bridge string) (Observed, error) {
 	if err := validateBridge(bridge); err != nil {
 		return Observed{}, err
@@ -462,12 +462,31 @@ func Apply(s Spec) (changed bool, err error) {
 	}
 	changed = len(diff(s, obs)) > 0
 
-	cc, err := nftables.New()
+	s = s.Resolved()
+	if err := applyRules(s, obs, Desired(s)); err != nil {
+		return changed, err
+	}
+	// Read back: a renderer or kernel mismatch must surface here, not as a
+	// Check that never comes clean.
+	drift, err := Check(s)
 	if err != nil {
 		return changed, err
 	}
-	s = s.Resolved()
-	desired := Desired(s)
+	if len(drift) > 0 {
+		return changed, fmt.Errorf("firewall: apply %s: still drifted after apply: %v", s.Bridge, drift)
+	}
+	return changed, nil
+}
+
+// applyRules writes rules into our tables in one batch: missing tables and
+// chains are created, every chain of ours is flushed and refilled, and a
+// table of foreign structure is rebuilt. Tests pass a subset of Desired to
+// take single rules out.
+func applyRules(s Spec, obs Observed, rules []Rule) error {
+	cc, err := nftables.New()
+	if err != nil {
+		return err
+	}
 	for _, ts := range obs.Tables {
 		t := &nftables.Table{Name: ts.Name, Family: familyByte(ts.Family)}
 		wants := chainsOf(s, ts.Name)
@@ -483,7 +502,7 @@ func Apply(s Spec) (changed bool, err error) {
 				Hooknum: &hook, Priority: nftables.ChainPriorityRef(nftables.ChainPriority(want.Priority)), Policy: &policy,
 			})
 			cc.FlushChain(ch)
-			for _, r := range desired {
+			for _, r := range rules {
 				if r.Table == want.Table && r.Chain == want.Name {
 					cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
 				}
@@ -491,18 +510,9 @@ func Apply(s Spec) (changed bool, err error) {
 		}
 	}
 	if err := cc.Flush(); err != nil {
-		return changed, fmt.Errorf("firewall: apply %s: %w", s.Bridge, err)
+		return fmt.Errorf("firewall: apply %s: %w", s.Bridge, err)
 	}
-	// Read back: a renderer or kernel mismatch must surface here, not as a
-	// Check that never comes clean.
-	drift, err := Check(s)
-	if err != nil {
-		return changed, err
-	}
-	if len(drift) > 0 {
-		return changed, fmt.Errorf("firewall: apply %s: still drifted after apply: %v", s.Bridge, drift)
-	}
-	return changed, nil
+	return nil
 }
 
 func hookNum(name string) uint32 {
@@ -535,7 +545,7 @@ func needsRebuild(ts TableState, wants []Chain) bool {
 	return false
 }
 
-// Remove deletes both tables for bridge. Absent tables are not an error;
+// Remove deletes the three tables for bridge. Absent tables are not an error;
 // removed reports whether anything was deleted.
 func Remove(bridge string) (removed bool, err error) {
 	if err := validateBridge(bridge); err != nil {

@@ -2,6 +2,7 @@ package firewall
 
 import (
 	"fmt"
+	"net/netip"
 	"net"
 	"strings"
 	"testing"
@@ -47,8 +48,8 @@ func TestApplyIdempotent(t *testing.T) {
 	ns := freshNS(t)
 	s := testSpec("cbt0")
 
-	if d := check(t, s); len(d) != 2 || d[0].Actual != absent || d[1].Actual != absent {
-		t.Fatalf("empty namespace: want both tables absent, got %v", d)
+	if d := check(t, s); len(d) != 3 || d[0].Actual != absent || d[1].Actual != absent || d[2].Actual != absent {
+		t.Fatalf("empty namespace: want three tables absent, got %v", d)
 	}
 	apply(t, s, true)
 	before := nft(t, ns, "list", "ruleset")
@@ -103,6 +104,13 @@ func TestSummariesAreWhatNftCompiles(t *testing.T) {
 		for _, plen := range []int{24, 22} {
 			s := testSpec(fmt.Sprintf("cbt1-%d", plen))
 			s.L2, s.PrefixLen = mode, plen
+			nftMatchesOurs(t, ns, s)
+			// The wall with blocked ranges (byte-aligned or not) and uplinks.
+			s.Bridge += "w"
+			s.Uplinks = []string{"up0", "wg-1"}
+			for _, p := range []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "198.18.77.0/24"} {
+				s.Blocked = append(s.Blocked, netip.MustParsePrefix(p))
+			}
 			nftMatchesOurs(t, ns, s)
 		}
 	}
@@ -303,7 +311,7 @@ func TestApplyFromPartial(t *testing.T) {
 	bt, _ := TableNames(s.Bridge)
 	nft(t, ns, "add", "table", "bridge", bt)
 	d := check(t, s)
-	if len(d) != 2 || d[0].What != "chain bridge "+bt+" forward" || d[1].Actual != absent {
+	if len(d) != 3 || d[0].What != "chain bridge "+bt+" forward" || d[1].Actual != absent || d[2].Actual != absent {
 		t.Fatalf("partial: %v", d)
 	}
 	apply(t, s, true)

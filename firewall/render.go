@@ -107,6 +107,7 @@ const (
 	kindPort
 	kindCtState
 	kindEthertype
+	kindAddrType
 )
 
 // regVal is what a register holds: a label for the source, how to format
@@ -207,6 +208,14 @@ func (r *renderer) expr(e rawExpr) bool {
 		return r.cmp(e.data)
 	case "immediate":
 		return r.immediate(e.data)
+	case "fib":
+		return r.fib(e.data)
+	case "masq":
+		// Plain masquerade only: flags or port registers render opaque.
+		if m, ok := attrs(e.data); ok && len(m) == 0 {
+			r.tokens = append(r.tokens, "masquerade")
+			return true
+		}
 	}
 	return false
 }
@@ -318,6 +327,25 @@ func (r *renderer) ct(b []byte) bool {
 	return true
 }
 
+func (r *renderer) fib(b []byte) bool {
+	m, ok := attrs(b, unix.NFTA_FIB_DREG, unix.NFTA_FIB_RESULT, unix.NFTA_FIB_FLAGS)
+	if !ok {
+		return false
+	}
+	reg, ok1 := u32(m[unix.NFTA_FIB_DREG])
+	res, ok2 := u32(m[unix.NFTA_FIB_RESULT])
+	flags, ok3 := u32(m[unix.NFTA_FIB_FLAGS])
+	if !ok1 || !ok2 || !ok3 {
+		return false
+	}
+	v := &regVal{label: fmt.Sprintf("fib flags#0x%x result#%d", flags, res)}
+	if flags == unix.NFTA_FIB_F_DADDR && res == unix.NFT_FIB_RESULT_ADDRTYPE {
+		v.label, v.kind, v.width = "fib daddr type", kindAddrType, 4
+	}
+	r.load(reg, v)
+	return true
+}
+
 func (r *renderer) bitwise(b []byte) bool {
 	m, ok := attrs(b, unix.NFTA_BITWISE_SREG, unix.NFTA_BITWISE_DREG, unix.NFTA_BITWISE_LEN,
 		unix.NFTA_BITWISE_MASK, unix.NFTA_BITWISE_XOR, nftaBitwiseOp)
@@ -376,10 +404,11 @@ func (r *renderer) cmp(b []byte) bool {
 			r.tokens = append(r.tokens, "ct state "+ctStates(binaryutil.NativeEndian.Uint32(v.mask)))
 			return true
 		}
-		// `ip daddr a.b.c.d/n` for a prefix that is not byte-aligned.
+		// `ip daddr [!=] a.b.c.d/n` for a prefix that is not byte-aligned.
+		eqNeq := expr.CmpOp(op) == expr.CmpOpEq || expr.CmpOp(op) == expr.CmpOpNeq
 		if ones, bits := net.IPMask(v.mask).Size(); v.kind == kindIPv4 && v.width == 4 && bits == 32 &&
-			expr.CmpOp(op) == expr.CmpOpEq && isZero(v.xor) && len(data) == 4 && net.IP(data).Mask(v.mask).Equal(net.IP(data)) {
-			r.tokens = append(r.tokens, fmt.Sprintf("%s %s/%d", v.label, net.IP(data), ones))
+			eqNeq && isZero(v.xor) && len(data) == 4 && net.IP(data).Mask(v.mask).Equal(net.IP(data)) {
+			r.tokens = append(r.tokens, fmt.Sprintf("%s %s%s/%d", v.label, opStr, net.IP(data), ones))
 			return true
 		}
 		r.tokens = append(r.tokens, fmt.Sprintf("%s & 0x%x ^ 0x%x %s0x%x", v.label, v.mask, v.xor, opStr, data))
@@ -517,6 +546,15 @@ func formatValue(v *regVal, data []byte) string {
 		}
 	case kindPort:
 		return fmt.Sprintf("%d", binary.BigEndian.Uint16(data))
+	case kindAddrType:
+		names := map[uint32]string{
+			unix.RTN_UNICAST: "unicast", unix.RTN_LOCAL: "local", unix.RTN_BROADCAST: "broadcast",
+			unix.RTN_ANYCAST: "anycast", unix.RTN_MULTICAST: "multicast", unix.RTN_BLACKHOLE: "blackhole",
+			unix.RTN_UNREACHABLE: "unreachable", unix.RTN_PROHIBIT: "prohibit",
+		}
+		if n, ok := names[binaryutil.NativeEndian.Uint32(data)]; ok {
+			return n
+		}
 	}
 	return fmt.Sprintf("0x%x", data)
 }

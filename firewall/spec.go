@@ -2,15 +2,17 @@
 // converges the kernel to them over netlink (github.com/google/nftables; no
 // nft subprocess).
 //
-// For a bridge B with gateway G it owns exactly two tables, named from B so
-// that several stacks (and parallel tests) coexist, and in different
-// families so that no two bridges' names collide:
+// For a bridge B with gateway G it owns exactly three tables, named from B so
+// that several stacks (and parallel tests) coexist:
 //
 //	table bridge claudebox_<B>        chain forward: hook forward, priority -200
 //	                                  (nft's "filter" for bridge), policy accept
 //	table inet   claudebox_<B>_guard  chain forward: hook forward, priority -1 ("filter - 1")
 //	                                  chain input:   hook input,   priority -1 ("filter - 1")
 //	                                  both policy accept
+//	table inet   claudebox_<B>_wall   the wall: claudebox's own complete inet
+//	                                  layer (see wall.go), holding every claim
+//	                                  by itself while Incus re-applies its own
 //
 // Box→box, bridge table. The bridge forward hook fires only on frames
 // switched port to port; traffic to the gateway is delivered locally and
@@ -51,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 
 	"github.com/google/nftables"
@@ -64,6 +67,15 @@ type Spec struct {
 	Gateway   net.IP // the bridge's IPv4 address, e.g. 10.77.12.1
 	PrefixLen int    // the bridge subnet's prefix length (L2Subnet only); 0 means 24
 	L2        L2Mode // how box→box frames are recognised; "" = probe the kernel
+
+	// Blocked are IPv4 ranges a box never reaches and from which nothing
+	// reaches a box, established or not (the wall): RFC1918, CGNAT,
+	// link-local and every other local network's subnet.
+	Blocked []netip.Prefix
+	// Uplinks are the interfaces box egress may leave by (the wall). Empty:
+	// the interfaces of the kernel's IPv4 default routes (see Resolved); if
+	// there are none, boxes have no egress at all.
+	Uplinks []string
 }
 
 // L2Mode selects the bridge-family match for box→box frames.
@@ -87,8 +99,19 @@ const (
 )
 
 // Resolved returns s with L2Auto replaced by what the kernel supports (the
-// probe runs once per process) and PrefixLen defaulted.
+// probe runs once per process), PrefixLen defaulted, and empty Uplinks read
+// from the calling thread's namespace's default routes (the bridge itself
+// excluded; on error none, so the wall fails closed: no egress).
 func (s Spec) Resolved() Spec {
+	if len(s.Uplinks) == 0 {
+		ups, _ := DefaultUplinks()
+		s.Uplinks = nil
+		for _, u := range ups {
+			if u != s.Bridge && validateBridge(u) == nil {
+				s.Uplinks = append(s.Uplinks, u)
+			}
+		}
+	}
 	if s.L2 == L2Auto {
 		s.L2 = L2Subnet
 		if BridgeMetaSupported() {
@@ -149,7 +172,7 @@ func (s Spec) Validate() error {
 	default:
 		return fmt.Errorf("firewall: unknown L2 mode %q", s.L2)
 	}
-	return nil
+	return validateWall(s)
 }
 
 // Family names as nft spells them.
@@ -170,9 +193,10 @@ const (
 	tablePrefix      = "claudebox_"
 )
 
-// TableNames returns the tables owned for bridge: the bridge-family table
-// holding the box→box drop and the inet-family table holding the input guard.
-// They live in different families, so no two bridges' names can collide.
+// TableNames returns two of the tables owned for bridge: the bridge-family
+// table holding the box→box drop and the inet-family table holding the input
+// guard (the third is WallTableName). Families differ, and the inet names
+// differ by suffix, so no two bridges' names can collide.
 func TableNames(bridge string) (bridgeTable, guardTable string) {
 	return tablePrefix + bridge, tablePrefix + bridge + guardTableSuffix
 }
@@ -185,6 +209,7 @@ type Rule struct {
 	Summary string // canonical rendering, equal to what Read renders when converged
 	Why     string // one line: what the rule is for
 
+	key   string // wall rules: which claim-holding rule this is (tests take rules out by key)
 	exprs []expr.Any
 }
 
@@ -212,17 +237,18 @@ func (c Chain) Header() string {
 // DesiredChains returns the base chains the spec needs, in table order.
 func DesiredChains(s Spec) []Chain {
 	bt, gt := TableNames(s.Bridge)
-	return []Chain{
+	return append([]Chain{
 		{Table: bt, Family: FamilyBridge, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: BridgeFwdPrio, Policy: "accept"},
 		{Table: gt, Family: FamilyInet, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
 		{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
-	}
+	}, wallChains(s)...)
 }
 
 // Desired returns the rules, in chain order, that Apply installs for s.
 // s is assumed valid (see Validate); an invalid gateway yields no guard rules
 // that could match, never a wider rule. With L2Auto the bridge rules depend
-// on the running kernel (see Resolved).
+// on the running kernel, and with empty Uplinks the wall's egress rule on the
+// calling namespace's default routes (see Resolved).
 func Desired(s Spec) []Rule {
 	s = s.Resolved()
 	bt, gt := TableNames(s.Bridge)
@@ -271,6 +297,7 @@ func Desired(s Spec) []Rule {
 		in("box→host: everything else from the bridge, every family and protocol (ICMP too)",
 			verdict(expr.VerdictDrop)),
 	)
+	rules = append(rules, wallRules(s)...)
 	for i := range rules {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
 	}

@@ -3,6 +3,7 @@ package firewall
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -35,6 +36,16 @@ func TestValidate(t *testing.T) {
 		{"prefix 31", Spec{Bridge: "claudenet", Gateway: gw, PrefixLen: 31}, false},
 		{"prefix 4", Spec{Bridge: "claudenet", Gateway: gw, PrefixLen: 4}, false},
 		{"mode", Spec{Bridge: "claudenet", Gateway: gw, L2: "magic"}, false},
+		{"blocked", Spec{Bridge: "claudenet", Gateway: gw, Blocked: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.2.3/16")}}, true},
+		{"blocked zero", Spec{Bridge: "claudenet", Gateway: gw, Blocked: []netip.Prefix{{}}}, false},
+		{"blocked ipv6", Spec{Bridge: "claudenet", Gateway: gw, Blocked: []netip.Prefix{netip.MustParsePrefix("fd00::/8")}}, false},
+		{"blocked 4in6", Spec{Bridge: "claudenet", Gateway: gw, Blocked: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}}, false},
+		{"blocked everything", Spec{Bridge: "claudenet", Gateway: gw, Blocked: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, false},
+		{"uplinks", Spec{Bridge: "claudenet", Gateway: gw, Uplinks: []string{"eth0", "wg0"}}, true},
+		{"uplink is bridge", Spec{Bridge: "claudenet", Gateway: gw, Uplinks: []string{"claudenet"}}, false},
+		{"uplink twice", Spec{Bridge: "claudenet", Gateway: gw, Uplinks: []string{"eth0", "eth0"}}, false},
+		{"uplink bad name", Spec{Bridge: "claudenet", Gateway: gw, Uplinks: []string{"eth*"}}, false},
+		{"uplink empty", Spec{Bridge: "claudenet", Gateway: gw, Uplinks: []string{""}}, false},
 	} {
 		err := c.spec.Validate()
 		if (err == nil) != c.ok {
@@ -62,27 +73,33 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard input: iifname "claudenet" drop`,
 	}
 	gw := net.ParseIP("10.77.12.1")
+	up := []string{"eth0"}
 	for _, c := range []struct {
 		spec   Spec
 		bridge []string
 	}{
-		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2BridgeName}, []string{
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2BridgeName, Uplinks: up}, []string{
 			`bridge claudebox_claudenet forward: meta ibrname "claudenet" meta obrname "claudenet" drop`,
 		}},
-		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet}, []string{
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, Uplinks: up}, []string{
 			`bridge claudebox_claudenet forward: meta protocol ip ip saddr 10.77.12.0/24 drop`,
 			`bridge claudebox_claudenet forward: meta protocol ip ip daddr 10.77.12.0/24 drop`,
 			`bridge claudebox_claudenet forward: ether type arp arp saddr ip 10.77.12.0/24 drop`,
 			`bridge claudebox_claudenet forward: ether type arp arp daddr ip 10.77.12.0/24 drop`,
 		}},
-		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, PrefixLen: 22}, []string{
+		{Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, PrefixLen: 22, Uplinks: up}, []string{
 			`bridge claudebox_claudenet forward: meta protocol ip ip saddr 10.77.12.0/22 drop`,
 			`bridge claudebox_claudenet forward: meta protocol ip ip daddr 10.77.12.0/22 drop`,
 			`bridge claudebox_claudenet forward: ether type arp arp saddr ip 10.77.12.0/22 drop`,
 			`bridge claudebox_claudenet forward: ether type arp arp daddr ip 10.77.12.0/22 drop`,
 		}},
 	} {
-		want := append(append([]string{}, c.bridge...), guard...)
+		plen := c.spec.PrefixLen
+		if plen == 0 {
+			plen = 24
+		}
+		wall := strings.Split(strings.ReplaceAll(wallGolden(nil, up), "/24", fmt.Sprintf("/%d", plen)), "\n")
+		want := append(append(append([]string{}, c.bridge...), guard...), wall...)
 		got := Desired(c.spec)
 		var lines []string
 		for _, r := range got {
@@ -103,6 +120,10 @@ func TestDesiredGolden(t *testing.T) {
 		"bridge claudebox_claudenet forward: type filter hook forward priority -200 policy accept",
 		"inet claudebox_claudenet_guard forward: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
+		"inet claudebox_claudenet_wall prerouting: type filter hook prerouting priority -300 policy accept",
+		"inet claudebox_claudenet_wall forward: type filter hook forward priority -1 policy accept",
+		"inet claudebox_claudenet_wall output: type filter hook output priority -1 policy accept",
+		"inet claudebox_claudenet_wall postrouting: type nat hook postrouting priority 110 policy accept",
 	}
 	if strings.Join(headers, "\n") != strings.Join(wantH, "\n") {
 		t.Errorf("chains:\n%s", strings.Join(headers, "\n"))
@@ -176,5 +197,98 @@ func TestDiffRulesAligns(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("diff:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// wallGolden is the wall for claudenet 10.77.12.1/24 as a reader sees it.
+func wallGolden(blocked []string, uplinks []string) string {
+	w := "inet claudebox_claudenet_wall "
+	pre := w + `prerouting: iifname "claudenet" `
+	lines := []string{
+		pre + `meta nfproto ipv6 drop`,
+		pre + `meta nfproto ipv4 ip saddr != 10.77.12.0/24 ip saddr != 0.0.0.0 drop`,
+		pre + `meta nfproto ipv4 ip saddr 0.0.0.0 meta l4proto != udp drop`,
+		pre + `meta nfproto ipv4 ip saddr 0.0.0.0 meta l4proto udp th sport != 68 drop`,
+		pre + `meta nfproto ipv4 ip saddr 0.0.0.0 meta l4proto udp th dport != 67 drop`,
+		pre + `meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto udp th dport 53 accept`,
+		pre + `meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto tcp th dport 53 accept`,
+		pre + `meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto udp th dport 67 accept`,
+		pre + `meta nfproto ipv4 ip daddr 255.255.255.255 meta l4proto udp th dport 67 accept`,
+		pre + `fib daddr type local drop`,
+		pre + `fib daddr type broadcast drop`,
+		pre + `fib daddr type multicast drop`,
+		w + `forward: iifname "claudenet" meta nfproto ipv6 drop`,
+		w + `forward: oifname "claudenet" meta nfproto ipv6 drop`,
+		w + `forward: iifname "claudenet" meta nfproto ipv4 ip saddr != 10.77.12.0/24 drop`,
+	}
+	for _, b := range blocked {
+		lines = append(lines, w+`forward: iifname "claudenet" meta nfproto ipv4 ip daddr `+b+` drop`)
+	}
+	for _, b := range blocked {
+		lines = append(lines, w+`forward: oifname "claudenet" meta nfproto ipv4 ip saddr `+b+` drop`)
+	}
+	ups := ""
+	for _, u := range uplinks {
+		ups += ` oifname != "` + u + `"`
+	}
+	lines = append(lines,
+		w+`forward: oifname "claudenet" ct state new drop`,
+		w+`forward: oifname != "claudenet" meta nfproto ipv4 ip daddr 10.77.12.0/24 drop`,
+		w+`forward: iifname "claudenet"`+ups+` drop`,
+		w+`output: oifname != "claudenet" oifname != "lo" meta nfproto ipv4 ip daddr 10.77.12.0/24 drop`,
+		w+`output: oifname "claudenet" meta nfproto ipv6 drop`,
+		w+`output: oifname "claudenet" ct state new meta l4proto != udp drop`,
+		w+`output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
+		w+`postrouting: meta nfproto ipv4 ip saddr 10.77.12.0/24 oifname != "claudenet" oifname != "lo" masquerade`,
+	)
+	return strings.Join(lines, "\n")
+}
+
+func wallOf(s Spec) string {
+	var lines []string
+	for _, r := range Desired(s) {
+		if r.Table == WallTableName(s.Bridge) {
+			lines = append(lines, r.String())
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Blocked ranges are masked and deduplicated, in the caller's order; each
+// uplink is one more `oifname !=`; no uplink means no egress.
+func TestWallGolden(t *testing.T) {
+	gw := net.ParseIP("10.77.12.1")
+	blocked := []netip.Prefix{
+		netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+		netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("100.64.0.0/10"),
+		netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("198.18.5.1/24"),
+		netip.MustParsePrefix("10.0.0.0/8"),
+	}
+	wantBlocked := []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "198.18.5.0/24"}
+	for _, c := range []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{"blocked, two uplinks", Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, Blocked: blocked, Uplinks: []string{"eth0", "wg0"}},
+			wallGolden(wantBlocked, []string{"eth0", "wg0"})},
+		{"no uplink resolvable", Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, Uplinks: []string{"eth0"}},
+			wallGolden(nil, []string{"eth0"})},
+	} {
+		if got := wallOf(c.spec); got != c.want {
+			t.Errorf("%s:\n got:\n%s\nwant:\n%s", c.name, got, c.want)
+		}
+	}
+	if WallTableName("claudenet") != "claudebox_claudenet_wall" {
+		t.Fatalf("WallTableName = %q", WallTableName("claudenet"))
+	}
+}
+
+// With no default route (an empty namespace) the wall allows no egress.
+func TestWallNoUplinkNoEgress(t *testing.T) {
+	freshNS(t)
+	s := Spec{Bridge: "claudenet", Gateway: net.ParseIP("10.77.12.1"), L2: L2Subnet}
+	if got, want := wallOf(s), wallGolden(nil, nil); got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 }

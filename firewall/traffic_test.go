@@ -95,6 +95,7 @@ func TestTraffic(t *testing.T) {
 		"box1→box2 tcp", "box1→box2 udp", "box1→box2 icmp",
 		"box1→gw tcp 8080", "box1→gw udp 5353", "box1→gw icmp",
 		"box1→host alt tcp 8080", "box1→host alt udp 53",
+		"host→box2 tcp", // the wall: no new connection into a box
 	} {
 		after[k] = dropped
 	}
@@ -131,8 +132,8 @@ func TestTraffic(t *testing.T) {
 }
 
 // layers shows which of our tables holds box→box on its own: the bridge
-// table always; the guard's forward chain only while br_netfilter hands
-// bridged IP to the inet hooks.
+// table always; the guard's forward chain and the wall only while
+// br_netfilter hands bridged IP to the inet hooks.
 func layers(t *testing.T, l *lab, mode string, boxToBox []probe) {
 	t.Helper()
 	if _, err := nftErr(l.host, "--version"); err != nil {
@@ -148,16 +149,26 @@ func layers(t *testing.T, l *lab, mode string, boxToBox []probe) {
 		return m
 	}
 	nft(t, l.host, "delete", "table", "inet", gt)
+	must(t, RemovePart(l.spec(), PartWall))
 	runProbes(t, "bridge table alone, call-iptables="+mode, boxToBox, want(dropped))
 	if _, err := Apply(l.spec()); err != nil {
 		t.Fatal(err)
 	}
-	nft(t, l.host, "delete", "table", "bridge", bt)
-	guardAlone := dropped
+	// The guard's forward chain and the wall (a box's egress only by an
+	// uplink) see box→box only while br_netfilter hands bridged IP to inet.
+	seesBridged := dropped
 	if mode == "0" {
-		guardAlone = open
+		seesBridged = open
 	}
-	runProbes(t, "guard alone, call-iptables="+mode, boxToBox, want(guardAlone))
+	nft(t, l.host, "delete", "table", "bridge", bt)
+	must(t, RemovePart(l.spec(), PartWall))
+	runProbes(t, "guard alone, call-iptables="+mode, boxToBox, want(seesBridged))
+	if _, err := Apply(l.spec()); err != nil {
+		t.Fatal(err)
+	}
+	nft(t, l.host, "delete", "table", "bridge", bt)
+	nft(t, l.host, "delete", "table", "inet", gt)
+	runProbes(t, "wall alone, call-iptables="+mode, boxToBox, want(seesBridged))
 	if _, err := Apply(l.spec()); err != nil {
 		t.Fatal(err)
 	}
