@@ -2,8 +2,8 @@ package firewall
 
 import (
 	"fmt"
-	"net/netip"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
