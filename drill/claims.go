@@ -20,11 +20,12 @@ const (
 	LayerHostGuard   Layer = "host-input-guard"  // inet claudebox_<B>_guard input chain
 	LayerIPv6Off     Layer = "ipv6.address=none" // no IPv6 on the bridge
 	LayerNAT         Layer = "nat"               // what lets boxes out at all
+	LayerWall        Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.
 var AllLayers = []Layer{LayerNFTBridge, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerACL, LayerHostGuard, LayerIPv6Off}
+	LayerNoHosts, LayerACL, LayerHostGuard, LayerIPv6Off, LayerWall}
 
 // Holds says which layers hold a claim: it holds while ANY term holds, and a term holds
 // only while ALL its layers are in place. {{port-isolation}, {nft-bridge-drop}, {acl, br_netfilter}}
@@ -84,6 +85,7 @@ const (
 	ClaimBoxHost    = "box→host"
 	ClaimLAN        = "box→LAN"
 	ClaimCGNAT      = "box→CGNAT, link-local"
+	ClaimOtherNet   = "box→other local networks"
 	ClaimIPv6       = "IPv6"
 	ClaimHostBox    = "host→box"
 	ClaimInternet   = "internet"
@@ -92,4 +94,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimIPv6, ClaimHostBox, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimInternet, ClaimControl}

@@ -44,15 +44,18 @@ type DecoyTarget struct {
 	Ports []int      `json:"tcp_ports"`
 }
 
-// Decoy is the namespace of hosts we own: LAN, CGNAT, link-local and "public" addresses.
+// Decoy is the namespace of hosts we own: LAN, CGNAT, link-local and "public" addresses,
+// and one "other network" address outside every blocked range. It is joined to the host
+// by two veth pairs: the public side (the only one a drill admits as an uplink, so boxes
+// reach the "internet" through it) and the LAN side (every other target: a non-uplink
+// interface, like a LAN, another bridge or a VPN would be).
 type Decoy struct {
 	Run        string
 	NS         string
-	HostVeth   string
-	NSVeth     string
-	HostAddr   netip.Addr // host side of the transfer /30
-	NSAddr     netip.Addr
-	Public     netip.Addr // the "internet", also the decoy DNS server
+	LAN        DecoyLink // every target but the public one
+	Uplink     DecoyLink // the public decoy only
+	Public     netip.Addr
+	Other      netip.Addr // outside every blocked range, on a non-uplink interface
 	Targets    []DecoyTarget
 	PublicName string
 
@@ -159,7 +162,9 @@ func PlanDecoy(run string) (*Decoy, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decoy{Run: run, NS: NetnsPrefix + run, HostVeth: VethPrefix + run + "h", NSVeth: VethPrefix + run + "n"}
+	d := &Decoy{Run: run, NS: NetnsPrefix + run,
+		LAN:    DecoyLink{HostVeth: VethPrefix + run + "h", NSVeth: VethPrefix + run + "n"},
+		Uplink: DecoyLink{HostVeth: VethPrefix + run + "p", NSVeth: VethPrefix + run + "q"}}
 	for _, r := range decoyRanges {
 		edges, err := pickEdges(r, a)
 		if err != nil {
@@ -173,21 +178,23 @@ func PlanDecoy(run string) (*Decoy, error) {
 	if a.free(md) {
 		d.Targets = append(d.Targets, DecoyTarget{Range: "169.254.0.0/16 (metadata)", Addr: md, Ports: []int{DecoyTCP, DecoyHTTP}})
 	}
-	// One free /24 of 198.18.0.0/15: .10 is the public decoy, .252/30 the transfer net.
+	// One free /24 of 198.18.0.0/15: .10 is the public decoy, .20 the other network,
+	// .248/30 and .252/30 the transfer nets of the uplink and LAN sides.
 	pub := netip.MustParsePrefix(publicRange)
 	for ip := pub.Addr(); pub.Contains(ip); ip = addrAdd(ip, 256) {
 		p24 := netip.PrefixFrom(ip, 24)
 		if a.free(ip) && a.free(addrAdd(ip, 255)) && overlapsNone(p24, a) {
-			d.Public = addrAdd(ip, 10)
-			d.HostAddr = addrAdd(ip, 253)
-			d.NSAddr = addrAdd(ip, 254)
+			d.Public, d.Other = addrAdd(ip, 10), addrAdd(ip, 20)
+			d.Uplink.HostAddr, d.Uplink.NSAddr = addrAdd(ip, 249), addrAdd(ip, 250)
+			d.LAN.HostAddr, d.LAN.NSAddr = addrAdd(ip, 253), addrAdd(ip, 254)
 			break
 		}
 	}
 	if !d.Public.IsValid() {
 		return nil, errors.New("decoy: no free /24 in " + publicRange)
 	}
-	d.Targets = append(d.Targets, DecoyTarget{Range: "public", Addr: d.Public, Ports: []int{DecoyTCP}})
+	d.Targets = append(d.Targets, DecoyTarget{Range: OtherNetRange, Addr: d.Other, Ports: []int{DecoyTCP}},
+		DecoyTarget{Range: "public", Addr: d.Public, Ports: []int{DecoyTCP}})
 	d.PublicName = "public." + run + "." + TestDomain
 	return d, nil
 }
@@ -227,61 +234,32 @@ func (d *Decoy) Up() (err error) {
 		return fmt.Errorf("decoy: back to the host netns: %w", err)
 	}
 
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: d.HostVeth}, PeerName: d.NSVeth}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("decoy: creating veth %s: %w", d.HostVeth, err)
-	}
-	peer, err := netlink.LinkByName(d.NSVeth)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
-		return fmt.Errorf("decoy: moving %s into %s: %w", d.NSVeth, d.NS, err)
-	}
-	host, err := netlink.LinkByName(d.HostVeth)
-	if err != nil {
-		return err
-	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(d.HostAddr, 30)}); err != nil {
-		return fmt.Errorf("decoy: address on %s: %w", d.HostVeth, err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return err
-	}
-	// No IPv6 on the host side: it would only add link-local noise.
-	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+d.HostVeth+"/disable_ipv6", []byte("1"), 0o644)
-
 	nh, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return err
 	}
 	defer nh.Close()
-	nl, err := nh.LinkByName(d.NSVeth)
-	if err != nil {
-		return err
-	}
-	if err := nh.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(d.NSAddr, 30)}); err != nil {
-		return fmt.Errorf("decoy: transfer address: %w", err)
-	}
-	for _, t := range d.Targets {
-		if err := nh.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(t.Addr, 32)}); err != nil {
-			return fmt.Errorf("decoy: address %s: %w", t.Addr, err)
-		}
-	}
-	if err := nh.LinkSetUp(nl); err != nil {
-		return err
-	}
 	if lo, err := nh.LinkByName("lo"); err == nil {
 		_ = nh.LinkSetUp(lo)
 	}
-	if err := nh.RouteAdd(&netlink.Route{LinkIndex: nl.Attrs().Index, Gw: net.IP(d.HostAddr.AsSlice())}); err != nil {
-		return fmt.Errorf("decoy: default route in %s: %w", d.NS, err)
-	}
-	for _, t := range d.Targets {
-		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(t.Addr, 32), Gw: net.IP(d.NSAddr.AsSlice())}
-		if err := netlink.RouteAdd(r); err != nil {
-			return fmt.Errorf("decoy: host route %s: %w", t.Addr, err)
+	for _, l := range []DecoyLink{d.LAN, d.Uplink} {
+		if err := l.up(ns, nh); err != nil {
+			return err
 		}
+	}
+	lan, _ := nh.LinkByName(d.LAN.NSVeth)
+	for _, t := range d.Targets {
+		if err := nh.AddrAdd(lan, &netlink.Addr{IPNet: ipnet(t.Addr, 32)}); err != nil {
+			return fmt.Errorf("decoy: address %s: %w", t.Addr, err)
+		}
+		if err := d.linkOf(t).route(t.Addr); err != nil {
+			return err
+		}
+	}
+	// Replies to what entered by either side: the LAN side is the default, the uplink's
+	// transfer net is connected.
+	if err := nh.RouteAdd(&netlink.Route{LinkIndex: lan.Attrs().Index, Gw: net.IP(d.LAN.HostAddr.AsSlice())}); err != nil {
+		return fmt.Errorf("decoy: default route in %s: %w", d.NS, err)
 	}
 
 	// Sockets are opened inside the namespace; the goroutines serving them run anywhere.
@@ -367,20 +345,87 @@ func (d *Decoy) Hits() []probes.Hit {
 }
 
 // VerifyRoutes asks the kernel, for every decoy address, where it would send a packet: it
-// must be the decoy veth. Network manners: no probe may ever leave this machine.
+// must be the decoy veth of its side. Network manners: no probe may ever leave this machine.
 func (d *Decoy) VerifyRoutes() error {
-	host, err := netlink.LinkByName(d.HostVeth)
-	if err != nil {
-		return fmt.Errorf("decoy: veth %s is gone: %w", d.HostVeth, err)
-	}
 	for _, t := range d.Targets {
+		want := d.linkOf(t).HostVeth
+		host, err := netlink.LinkByName(want)
+		if err != nil {
+			return fmt.Errorf("decoy: veth %s is gone: %w", want, err)
+		}
 		rs, err := netlink.RouteGet(net.IP(t.Addr.AsSlice()))
 		if err != nil || len(rs) == 0 {
 			return fmt.Errorf("decoy: the host has no route to %s: %v", t.Addr, err)
 		}
 		if rs[0].LinkIndex != host.Attrs().Index {
-			return fmt.Errorf("decoy: the host routes %s via interface %d, not the decoy veth %s: refusing to probe it", t.Addr, rs[0].LinkIndex, d.HostVeth)
+			return fmt.Errorf("decoy: the host routes %s via interface %d, not the decoy veth %s: refusing to probe it", t.Addr, rs[0].LinkIndex, want)
 		}
+	}
+	return nil
+}
+
+// OtherNetRange labels the decoy outside every blocked range, behind a non-uplink interface.
+const OtherNetRange = "other local network"
+
+// DecoyLink is one veth pair between the host and the decoy namespace, with its /30.
+type DecoyLink struct {
+	HostVeth string     `json:"host_veth"`
+	NSVeth   string     `json:"ns_veth"`
+	HostAddr netip.Addr `json:"host_addr"`
+	NSAddr   netip.Addr `json:"ns_addr"`
+}
+
+func (d *Decoy) linkOf(t DecoyTarget) DecoyLink {
+	if t.Range == "public" {
+		return d.Uplink
+	}
+	return d.LAN
+}
+
+// up creates the pair, moves one end into ns and addresses both ends.
+func (l DecoyLink) up(ns netns.NsHandle, nh *netlink.Handle) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: l.HostVeth}, PeerName: l.NSVeth}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("decoy: creating veth %s: %w", l.HostVeth, err)
+	}
+	peer, err := netlink.LinkByName(l.NSVeth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
+		return fmt.Errorf("decoy: moving %s into the decoy netns: %w", l.NSVeth, err)
+	}
+	host, err := netlink.LinkByName(l.HostVeth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(l.HostAddr, 30)}); err != nil {
+		return fmt.Errorf("decoy: address on %s: %w", l.HostVeth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return err
+	}
+	// No IPv6 on the host side: it would only add link-local noise.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+l.HostVeth+"/disable_ipv6", []byte("1"), 0o644)
+	nl, err := nh.LinkByName(l.NSVeth)
+	if err != nil {
+		return err
+	}
+	if err := nh.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(l.NSAddr, 30)}); err != nil {
+		return fmt.Errorf("decoy: transfer address: %w", err)
+	}
+	return nh.LinkSetUp(nl)
+}
+
+// route sends the host's traffic for addr into this side of the decoy.
+func (l DecoyLink) route(addr netip.Addr) error {
+	host, err := netlink.LinkByName(l.HostVeth)
+	if err != nil {
+		return err
+	}
+	r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(addr, 32), Gw: net.IP(l.NSAddr.AsSlice())}
+	if err := netlink.RouteAdd(r); err != nil {
+		return fmt.Errorf("decoy: host route %s: %w", addr, err)
 	}
 	return nil
 }
@@ -395,8 +440,10 @@ func (d *Decoy) Down() {
 		_ = d.listeners.Close()
 		d.listeners = nil
 	}
-	if l, err := netlink.LinkByName(d.HostVeth); err == nil {
-		_ = netlink.LinkDel(l)
+	for _, v := range []string{d.LAN.HostVeth, d.Uplink.HostVeth} {
+		if l, err := netlink.LinkByName(v); err == nil {
+			_ = netlink.LinkDel(l)
+		}
 	}
 	if d.ns != 0 {
 		_ = d.ns.Close()

@@ -29,6 +29,7 @@ func testTopology() *Topology {
 			{Range: "10.0.0.0/8", Addr: netip.MustParseAddr("10.0.1.1"), Ports: []int{DecoyTCP}},
 			{Range: "169.254.0.0/16", Addr: netip.MustParseAddr("169.254.169.254"), Ports: []int{DecoyTCP, DecoyHTTP}},
 			{Range: "100.64.0.0/10", Addr: netip.MustParseAddr("100.64.0.1"), Ports: []int{DecoyTCP}},
+			{Range: OtherNetRange, Addr: netip.MustParseAddr("198.18.0.20"), Ports: []int{DecoyTCP}},
 			{Range: "public", Addr: netip.MustParseAddr("198.18.0.10"), Ports: []int{DecoyTCP}},
 		},
 		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
@@ -56,7 +57,8 @@ func byRow(cases []Case) map[string][]Case {
 func TestEveryRowPlans(t *testing.T) {
 	want := map[string]int{
 		"ctl/self-tcp": 3, "ctl/self-udp": 3, "ctl/self-tcp6ll": 2, "ctl/arp-gateway": 3, "ctl/lease": 3,
-		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 5, "ctl/decoy-udp": 4, "ctl/decoy-icmp": 4,
+		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 6, "ctl/decoy-udp": 5, "ctl/decoy-icmp": 5,
+		"other-net/tcp": 3, "other-net/udp": 3, "other-net/icmp": 3,
 		"internet/tcp": 3, "internet/dns": 3,
 		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
 		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,

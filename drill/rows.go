@@ -54,11 +54,8 @@ var (
 	ToLANDecoys      = Selector{"LAN decoys", decoys(isLAN, false)}
 	ToCGNATDecoysTCP = Selector{"CGNAT and link-local decoys, each TCP port", decoys(isCGNAT, true)}
 	ToCGNATDecoys    = Selector{"CGNAT and link-local decoys", decoys(isCGNAT, false)}
-	isAnyDecoy       = func(DecoyTarget) bool { return true }
-	isLAN, isCGNAT   = func(d DecoyTarget) bool { return blocked(d) && !cgnat(d) }, func(d DecoyTarget) bool { return blocked(d) && cgnat(d) }
-	blocked, cgnat   = func(d DecoyTarget) bool { return d.Range != "public" }, func(d DecoyTarget) bool {
-		return strings.HasPrefix(d.Range, "100.64") || strings.HasPrefix(d.Range, "169.254")
-	}
+	ToOtherNetTCP    = Selector{"the decoy on another local network, each TCP port", decoys(isOtherNet, true)}
+	ToOtherNet       = Selector{"the decoy on another local network", decoys(isOtherNet, false)}
 	selfTCP, selfUDP = Control{"ctl/self-tcp", EndTarget, EndTarget}, Control{"ctl/self-udp", EndTarget, EndTarget}
 	inetTCP, inetDNS = Control{"internet/tcp", EndSource, EndPublic}, Control{"internet/dns", EndSource, EndPublic}
 	hostListener     = func(p string) Control { return Control{"ctl/host-" + p, EndHost, EndTarget} }
@@ -149,6 +146,11 @@ var Claims = []ClaimRow{
 	decoyRow(ClaimCGNAT, "cgnat", "tcp", ToCGNATDecoysTCP),
 	decoyRow(ClaimCGNAT, "cgnat", "udp", ToCGNATDecoys),
 	decoyRow(ClaimCGNAT, "cgnat", "icmp", ToCGNATDecoys),
+	// Other local networks: an address outside every blocked range, behind an interface
+	// that is not the uplink (another bridge, a VPN, a LAN route).
+	otherNetRow("tcp", ToOtherNetTCP),
+	otherNetRow("udp", ToOtherNet),
+	otherNetRow("icmp", ToOtherNet),
 
 	// IPv6: no global/ULA address, no v6 default route. The host input guard drops the
 	// boxes' router solicitations, which delays SLAAC until dnsmasq's next advertisement,
@@ -185,6 +187,12 @@ func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 	return r
 }
 
+func otherNetRow(proto string, to Selector) ClaimRow {
+	r := decoyRow(ClaimOtherNet, "other-net", proto, to)
+	r.Holds = any1(LayerWall)
+	return r
+}
+
 func boxEnds(bs []*Box, keep func(*Box) bool) []Endpoint {
 	var out []Endpoint
 	for _, b := range bs {
@@ -212,6 +220,14 @@ func hostAddrs(keep func(a netip.Addr, gateway bool) bool) func(*Topology, Endpo
 		return out
 	}
 }
+
+func isAnyDecoy(DecoyTarget) bool   { return true }
+func isOtherNet(d DecoyTarget) bool { return d.Range == OtherNetRange }
+func isLAN(d DecoyTarget) bool      { return isBlocked(d) && !isCGNAT(d) }
+func isCGNAT(d DecoyTarget) bool {
+	return isBlocked(d) && (strings.HasPrefix(d.Range, "100.64") || strings.HasPrefix(d.Range, "169.254"))
+}
+func isBlocked(d DecoyTarget) bool { return d.Range != "public" && d.Range != OtherNetRange }
 
 // decoys selects decoy targets; perPort gives one endpoint per TCP port.
 func decoys(keep func(DecoyTarget) bool, perPort bool) func(*Topology, Endpoint) []Endpoint {
