@@ -19,6 +19,9 @@ func TestBootUnitPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &Host{Stack: DefaultStack(), Kernel: Kernel{Proc: proc, Sys: dir, UnitDir: dir}}
+	bin := filepath.Join(dir, "libexec", "claudebox", "claudebox")
+	defer func(old string) { bootBinary = old }(bootBinary)
+	bootBinary = bin
 	if !h.Kernel.SystemdIsInit() {
 		t.Fatal("systemd as PID 1 not seen")
 	}
@@ -27,16 +30,41 @@ func TestBootUnitPlan(t *testing.T) {
 		t.Fatalf("a missing unit must be written: %+v %v", up, err)
 	}
 	c := string(up.content)
-	for _, w := range []string{"Type=oneshot", "After=incus.service", "host firewall --network claudenet", "WantedBy=multi-user.target"} {
+	// The unit runs the installed, root-owned copy, quoted; never the binary that ran init.
+	exe, _ := os.Executable()
+	if strings.Contains(c, exe) {
+		t.Errorf("unit runs %s, the binary that ran init:\n%s", exe, c)
+	}
+	for _, w := range []string{"Type=oneshot", "After=incus.service", `ExecStart="` + bin + `" host firewall --network "claudenet"`, "WantedBy=multi-user.target"} {
 		if !strings.Contains(c, w) {
 			t.Errorf("unit lacks %q:\n%s", w, c)
 		}
 	}
+	if !up.binWrite {
+		t.Fatal("a missing installed binary must be installed")
+	}
 	if err := os.WriteFile(up.path, up.content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if up, _ := h.planUnit(); up.write {
-		t.Fatal("an identical unit is rewritten")
+	if os.Geteuid() == 0 {
+		if err := installBinary(up.src, up.bin); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(bin)
+		if err != nil || st.Mode().Perm() != 0o755 || !ownedByRoot(st) || !sameFile(exe, bin) {
+			t.Fatalf("installed copy: %v %v", st, err)
+		}
+		if up, _ := h.planUnit(); up.write {
+			t.Fatal("an identical unit and binary are rewritten")
+		}
+		// A copy someone else could have written is not trusted.
+		if err := os.Chmod(bin, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if up, _ := h.planUnit(); !up.binWrite {
+			t.Fatal("a world-writable installed copy is kept")
+		}
+		_ = os.Chmod(bin, 0o755)
 	}
 	if err := os.WriteFile(up.path, []byte("stale"), 0o644); err != nil {
 		t.Fatal(err)
@@ -49,5 +77,19 @@ func TestBootUnitPlan(t *testing.T) {
 	}
 	if _, err := os.Stat(up.path); !os.IsNotExist(err) {
 		t.Fatal("unit still there")
+	}
+	if _, err := os.Stat(bin); !os.IsNotExist(err) {
+		t.Fatal("installed binary still there")
+	}
+}
+
+func TestSystemdQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"/usr/local/libexec/claudebox/claudebox": `"/usr/local/libexec/claudebox/claudebox"`,
+		`/a b/"c"%$`:                             `"/a b/\"c\"%%$$"`,
+	} {
+		if got := systemdQuote(in); got != want {
+			t.Errorf("systemdQuote(%q) = %s, want %s", in, got, want)
+		}
 	}
 }
