@@ -91,17 +91,32 @@ func ByOthers(gens []Generation) []Generation {
 	return out
 }
 
-// ReapplyOf reports whether gens hold Incus deleting the chains of bridge's network in its
-// own table (what every re-apply of a managed network begins with), and when.
-func ReapplyOf(gens []Generation, bridge string) (time.Time, bool) {
+// Reapply is one re-apply of a managed network's firewall by Incus, as the watcher saw it.
+type Reapply struct {
+	Start time.Time // Incus deleted the first of the network's chains in its own table
+	End   time.Time // its last change to them after that (the ACL rules come last)
+}
+
+// ReapplyOf finds the first re-apply of bridge's network in gens: Incus deletes the
+// network's chains in `table inet incus` (fwd.B, pstrt.B, acl.B, ...) in separate
+// generations and re-adds them about a second later.
+func ReapplyOf(gens []Generation, bridge string) (Reapply, bool) {
+	var r Reapply
 	for _, g := range gens {
 		for _, c := range g.Changes {
-			if strings.HasPrefix(c, "delchain inet incus ") && strings.HasSuffix(c, "."+bridge) {
-				return g.At, true
+			f := strings.Fields(c)
+			if len(f) != 4 || f[1] != "inet" || f[2] != "incus" || !strings.HasSuffix(f[3], "."+bridge) {
+				continue
+			}
+			if r.Start.IsZero() && f[0] == "delchain" {
+				r.Start = g.At
+			}
+			if !r.Start.IsZero() {
+				r.End = g.At
 			}
 		}
 	}
-	return time.Time{}, false
+	return r, !r.Start.IsZero()
 }
 
 func describe(ev *nftables.MonitorEvent) string {

@@ -56,8 +56,15 @@ func TestWatchSeesGenerations(t *testing.T) {
 			t.Errorf("ByOthers kept our own generation %+v", g)
 		}
 	}
-	if _, ok := ReapplyOf([]Generation{{Changes: []string{"delchain inet incus fwd.claudenet"}}}, "claudenet"); !ok {
-		t.Error("ReapplyOf missed Incus deleting a chain of claudenet")
+	t0 := time.Now()
+	r, ok := ReapplyOf([]Generation{
+		{At: t0, Changes: []string{"newrule inet incus acl.claudenet"}},
+		{At: t0.Add(time.Millisecond), Changes: []string{"delchain inet incus fwd.claudenet"}},
+		{At: t0.Add(2 * time.Millisecond), Changes: []string{"delchain inet incus fwd.other"}},
+		{At: t0.Add(time.Second), Changes: []string{"newrule inet incus acl.claudenet"}},
+	}, "claudenet")
+	if !ok || !r.Start.Equal(t0.Add(time.Millisecond)) || !r.End.Equal(t0.Add(time.Second)) {
+		t.Errorf("ReapplyOf = %+v %v, want the span from the first delete to the last re-add", r, ok)
 	}
 	if _, ok := ReapplyOf(gens, "claudenet"); ok {
 		t.Error("ReapplyOf saw a re-apply in our own table changes")
