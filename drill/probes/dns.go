@@ -67,6 +67,12 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.StringToType[qtype])
 	m.RecursionDesired = true
+	if c := strings.ToUpper(q.Class); c == "CH" || c == "CHAOS" {
+		// servers.bind / version.bind: a resolver that says nothing about
+		// itself answers REFUSED/NOTIMP or empty (refused), never records.
+		m.Question[0].Qclass = dns.ClassCHAOS
+		m.RecursionDesired = false
+	}
 
 	// Two tries inside the window: one lost datagram must not make a
 	// positive control look like silence.

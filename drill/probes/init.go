@@ -76,6 +76,8 @@ func (c InitConfig) withDefaults() InitConfig {
 	}
 	if c.Listen.TCP == nil && c.Listen.UDP == nil {
 		c.Listen.TCP, c.Listen.UDP = []int{DefaultTCPPort}, []int{DefaultUDPPort}
+		// The box also records odd frames reaching it (markers, foreign sources).
+		c.Listen.Capture = c.Iface
 		if c.Listen.HitsFile == "" {
 			c.Listen.HitsFile = DefaultHitsFile
 		}

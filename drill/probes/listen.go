@@ -39,20 +39,31 @@ type ListenerConfig struct {
 	HitsFile string `json:"hits_file,omitempty"`
 	// Banner is written to every TCP peer (default names the host and port).
 	Banner string `json:"banner,omitempty"`
+	// Capture names an interface to watch with AF_PACKET (empty: off): frames
+	// carrying a drill marker and frames addressed to this box from an
+	// unexpected source MAC become Hits with Proto "frame", so "B hears
+	// nothing" is observable. CaptureAllow lists source MACs that are
+	// expected besides our own and the default gateway's.
+	Capture      string   `json:"capture,omitempty"`
+	CaptureAllow []string `json:"capture_allow,omitempty"`
 }
 
 // Hit is one peer reaching a listener.
 type Hit struct {
 	Time  time.Time `json:"time"`
-	Proto string    `json:"proto"` // "tcp" or "udp"
+	Proto string    `json:"proto"` // "tcp", "udp" or "frame"
 	Port  int       `json:"port"`
 	// Peer is who connected ("198.18.0.1:40112", "[fe80::1%eth0]:40112").
 	Peer string `json:"peer"`
 	// Local is the address that was reached, so the engine can tell which of
 	// the target's addresses let the peer in.
 	Local string `json:"local,omitempty"`
-	// Payload is the start of a UDP datagram (the prober's token).
+	// Payload is the start of a UDP datagram (the prober's token), or a
+	// frame's marker.
 	Payload string `json:"payload,omitempty"`
+	// Frame: what the capture listener saw (Proto "frame"); Peer is then the
+	// source MAC (and IP), Local the interface.
+	Frame *FrameHit `json:"frame,omitempty"`
 }
 
 // Listeners is a running set of TCP and UDP echo listeners.
@@ -107,6 +118,11 @@ func Serve(ctx context.Context, cfg ListenerConfig) (*Listeners, error) {
 	}
 	for _, p := range cfg.UDP {
 		if err := l.serveUDP(p); err != nil {
+			return fail(err)
+		}
+	}
+	if cfg.Capture != "" {
+		if err := l.startCapture(cfg.Capture, cfg.CaptureAllow); err != nil {
 			return fail(err)
 		}
 	}

@@ -34,7 +34,7 @@ const usage = `usage: claudebox probe <sub-command> [args]
   facts [--iface eth0]   print the box's Facts as JSON
   hits [--file F]        print the listeners' hits as a JSON array (default ` + DefaultHitsFile + `)
   status [--file F]      print PID-1 mode's status file (default ` + DefaultStatusFile + `)
-  serve [--tcp 7001,..] [--udp 7002,..] [--hits F]
+  serve [--tcp 7001,..] [--udp 7002,..] [--hits F] [--capture IFACE]
                          run listeners in the foreground until SIGTERM/SIGINT; prints one
                          JSON line {"tcp":[...],"udp":[...]} once bound
   init                   PID-1 mode, explicitly (refused unless PID 1)
@@ -190,10 +190,11 @@ func mainServe(args []string, stdout, stderr io.Writer) int {
 	tcp := fs.String("tcp", strconv.Itoa(DefaultTCPPort), "comma-separated TCP ports (empty: none)")
 	udp := fs.String("udp", strconv.Itoa(DefaultUDPPort), "comma-separated UDP echo ports (empty: none)")
 	hits := fs.String("hits", DefaultHitsFile, "append hits here as JSON lines (empty: nowhere)")
+	capture := fs.String("capture", "", "record marker frames and frames from unexpected sources seen on this interface (empty: off)")
 	if !parse(fs, args) {
 		return ExitUsage
 	}
-	cfg := ListenerConfig{HitsFile: *hits}
+	cfg := ListenerConfig{HitsFile: *hits, Capture: *capture}
 	var err error
 	if cfg.TCP, err = ports(*tcp); err == nil {
 		cfg.UDP, err = ports(*udp)

@@ -264,7 +264,8 @@ func startPeerServices() error {
 	topo.peerLis = ls
 
 	// DNS: decoy.test A 198.18.0.50 (AAAA empty), refuse.test REFUSED, the
-	// PTR of 198.18.0.50, NXDOMAIN otherwise; port 5353 swallows queries.
+	// PTR of 198.18.0.50, NXDOMAIN otherwise; CHAOS: version.bind TXT,
+	// servers.bind NOTIMP, other names REFUSED; port 5353 swallows queries.
 	pc, err := net.ListenPacket("udp4", "198.18.0.2:53")
 	if err != nil {
 		return err
@@ -274,6 +275,13 @@ func startPeerServices() error {
 		m.SetReply(q)
 		qq := q.Question[0]
 		switch {
+		case qq.Qclass == dns.ClassCHAOS && qq.Name == "version.bind.":
+			rr, _ := dns.NewRR(`version.bind. 0 CH TXT "cbtest-1.0"`)
+			m.Answer = append(m.Answer, rr)
+		case qq.Qclass == dns.ClassCHAOS && qq.Name == "servers.bind.":
+			m.Rcode = dns.RcodeNotImplemented // what dnsmasq's no-ident should look like
+		case qq.Qclass == dns.ClassCHAOS:
+			m.Rcode = dns.RcodeRefused
 		case qq.Name == "decoy.test." && qq.Qtype == dns.TypeA:
 			rr, _ := dns.NewRR("decoy.test. 60 IN A 198.18.0.50")
 			m.Answer = append(m.Answer, rr)

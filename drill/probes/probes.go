@@ -30,17 +30,36 @@ const (
 	CheckFailed Outcome = "check-failed"
 )
 
+// Kind names a probe. An alias of string for now, so the engine's code that
+// prints or compares kinds as strings keeps building; the constants below are
+// the only values Validate accepts.
+type Kind = string
+
 // Probe kinds accepted in Spec.Kind.
 const (
-	KindTCP    = "tcp"
-	KindUDP    = "udp"
-	KindICMP   = "icmp"
-	KindARP    = "arp"
-	KindTCP6LL = "tcp6ll"
-	KindDNS    = "dns"
-	KindHTTP   = "http"
-	KindFacts  = "facts"
+	KindTCP    Kind = "tcp"
+	KindUDP    Kind = "udp"
+	KindICMP   Kind = "icmp"
+	KindARP    Kind = "arp"
+	KindTCP6LL Kind = "tcp6ll"
+	KindDNS    Kind = "dns"
+	KindHTTP   Kind = "http"
+	KindFacts  Kind = "facts"
+
+	// The active kinds (spoofing, odd frames, the re-apply window): see doc.go.
+	KindFlood       Kind = "flood"
+	KindSpoofUDP    Kind = "spoof-udp"
+	KindARPSpoof    Kind = "arp-spoof"
+	KindMACSpoof    Kind = "mac-spoof"
+	KindDHCPRelease Kind = "dhcp-release"
+	KindDHCPSteal   Kind = "dhcp-steal"
+	KindDHCPFakeMAC Kind = "dhcp-fake-mac"
+	KindFrame       Kind = "frame"
 )
+
+// AllKinds lists every kind, in the order of doc.go.
+var AllKinds = []Kind{KindTCP, KindUDP, KindICMP, KindARP, KindTCP6LL, KindDNS, KindHTTP, KindFacts,
+	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindFrame}
 
 // DefaultTimeout applies when Spec.Timeout is zero.
 const DefaultTimeout = 2 * time.Second
@@ -52,7 +71,7 @@ const DefaultIface = "eth0"
 type Spec struct {
 	// ID is the engine's label for the row; echoed back untouched.
 	ID   string `json:"id,omitempty"`
-	Kind string `json:"kind"`
+	Kind Kind   `json:"kind"`
 	// Target: an IP literal (IPv6 may carry a %zone), or a host name for
 	// tcp/udp/http (resolved first; a failed lookup is check-failed), or a full
 	// http:// URL for http. Unused for dns (see DNS.Server) and facts.
@@ -66,8 +85,15 @@ type Spec struct {
 	Iface string    `json:"iface,omitempty"`
 	DNS   *DNSQuery `json:"dns,omitempty"`
 	// Payload: UDP datagram to echo (default: a random token), HTTP path for
-	// http when Target is not a URL.
+	// http when Target is not a URL; for the active kinds the marker their
+	// frames carry (MarkerPrefix is added when missing; default random).
 	Payload string `json:"payload,omitempty"`
+
+	// One sub-struct per family of active kinds.
+	Flood *FloodSpec `json:"flood,omitempty"`
+	Spoof *SpoofSpec `json:"spoof,omitempty"`
+	DHCP  *DHCPSpec  `json:"dhcp,omitempty"`
+	Frame *FrameSpec `json:"frame,omitempty"`
 }
 
 // DNSQuery is the dns probe's question.
@@ -77,8 +103,11 @@ type DNSQuery struct {
 	Server string `json:"server,omitempty"`
 	// Name to ask about; for PTR an IP literal is turned into its reverse name.
 	Name string `json:"name"`
-	// Type is A (default), AAAA or PTR.
+	// Type is A (default), AAAA, PTR or TXT.
 	Type string `json:"type,omitempty"`
+	// Class is IN (default) or CH (CHAOS: servers.bind, version.bind; CH
+	// takes TXT only).
+	Class string `json:"class,omitempty"`
 }
 
 // DNSAnswer is what the resolver said, kept apart from Outcome so the engine can
@@ -109,6 +138,10 @@ type Result struct {
 	Local string     `json:"local,omitempty"`
 	DNS   *DNSAnswer `json:"dns_answer,omitempty"`
 	Facts *Facts     `json:"facts,omitempty"`
+	// Counts: what an active kind sent and saw (nil for the others).
+	Counts *Counts `json:"counts,omitempty"`
+	// DHCPReply: the deciding DHCP reply of a dhcp-* kind.
+	DHCPReply *DHCPReply `json:"dhcp_reply,omitempty"`
 	// Started is when the probe began (UTC) and Elapsed how long it ran.
 	Started time.Time     `json:"started"`
 	Elapsed time.Duration `json:"elapsed_ns"`
@@ -206,23 +239,34 @@ func (s Spec) Validate() error {
 			return errors.New("dns probe: dns.name is empty")
 		}
 		switch strings.ToUpper(s.DNS.Type) {
-		case "", "A", "AAAA", "PTR":
+		case "", "A", "AAAA", "PTR", "TXT":
 		default:
-			return fmt.Errorf("dns probe: type %q: want A, AAAA or PTR", s.DNS.Type)
+			return fmt.Errorf("dns probe: type %q: want A, AAAA, PTR or TXT", s.DNS.Type)
+		}
+		switch strings.ToUpper(s.DNS.Class) {
+		case "", "IN":
+		case "CH", "CHAOS":
+			if strings.ToUpper(s.DNS.Type) != "TXT" {
+				return fmt.Errorf("dns probe: class CH takes type TXT, not %q", s.DNS.Type)
+			}
+		default:
+			return fmt.Errorf("dns probe: class %q: want IN or CH", s.DNS.Class)
 		}
 		return nil
 	case KindFacts:
 		return nil
+	case KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindFrame:
+		return s.validateActive()
 	case "":
 		return errors.New("probe kind is empty")
 	default:
-		return fmt.Errorf("unknown probe kind %q (want tcp, udp, icmp, arp, tcp6ll, dns, http, facts)", s.Kind)
+		return fmt.Errorf("unknown probe kind %q (want one of %s)", s.Kind, strings.Join(AllKinds, ", "))
 	}
 }
 
 func (s Spec) withDefaults() Spec {
 	if s.Timeout == 0 {
-		s.Timeout = DefaultTimeout
+		s.Timeout = defaultTimeout(s)
 	}
 	return s
 }
@@ -265,6 +309,8 @@ func Run(ctx context.Context, s Spec) (r Result) {
 		probeHTTP(ctx, s, &r)
 	case KindFacts:
 		probeFacts(s, &r)
+	default:
+		runActive(ctx, s, &r)
 	}
 	return r
 }

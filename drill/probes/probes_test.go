@@ -35,6 +35,9 @@ func rows() []row {
 	q := func(server, name, typ string) Spec {
 		return Spec{Kind: KindDNS, DNS: &DNSQuery{Server: server, Name: name, Type: typ}, Timeout: quick}
 	}
+	chaos := func(server, name string) Spec {
+		return Spec{Kind: KindDNS, DNS: &DNSQuery{Server: server, Name: name, Type: "TXT", Class: "CH"}, Timeout: quick}
+	}
 	web := func(target string, port int) Spec {
 		return Spec{Kind: KindHTTP, Target: target, Port: port, Timeout: quick}
 	}
@@ -93,6 +96,11 @@ func rows() []row {
 		{name: "dns refused: REFUSED", spec: q("198.18.0.2", "refuse.test", "A"), want: Refused, check: dnsRcode("REFUSED", true)},
 		{name: "dns dropped: silence", spec: q("198.18.0.2:5353", "decoy.test", "A"), want: Dropped, check: dnsRcode("", false)},
 		{name: "dns check-failed: port unreachable", spec: q("198.18.0.2:5354", "decoy.test", "A"), want: CheckFailed, wantSub: "port unreachable", check: dnsRcode("", false)},
+		{name: "dns CHAOS open: version.bind answers", spec: chaos("198.18.0.2", "version.bind"), want: Open, wantSub: "cbtest-1.0", check: dnsRcode("NOERROR", true)},
+		{name: "dns CHAOS answered without records: NOTIMP", spec: chaos("198.18.0.2", "servers.bind"), want: Refused, check: dnsRcode("NOTIMP", true)},
+		{name: "dns CHAOS answered without records: REFUSED", spec: chaos("198.18.0.2", "hostname.bind"), want: Refused, check: dnsRcode("REFUSED", true)},
+		{name: "dns CHAOS silence is not an answer", spec: chaos("198.18.0.2:5353", "servers.bind"), want: Dropped, check: dnsRcode("", false)},
+		{name: "dns check-failed: CH needs TXT", spec: Spec{Kind: KindDNS, DNS: &DNSQuery{Server: "198.18.0.2", Name: "version.bind", Type: "A", Class: "CH"}, Timeout: quick}, want: CheckFailed},
 		{name: "dns check-failed: bad server", spec: q("nameserver", "decoy.test", "A"), want: CheckFailed},
 
 		{name: "http open", spec: web("198.18.0.2", 8080), want: Open, wantSub: "200 OK"},
