@@ -179,4 +179,3 @@ func (c *capturer) isGateway(mac string) bool {
 	}
 	return c.gw[mac]
 }
-
