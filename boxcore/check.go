@@ -2,14 +2,9 @@ package boxcore
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
-
-	"github.com/claudebox/claudebox/boxcore/incus"
-	"github.com/claudebox/claudebox/firewall"
 )
 
 // CheckRow is one expected-vs-actual reading of the stack.
@@ -53,48 +48,57 @@ func (c *checker) note(layer, item, actual string) {
 // init would make. Upstream resolvers are whatever the network holds: they are a choice, not
 // a layer.
 func (h *Host) Check(ctx context.Context) (CheckReport, error) {
-	s := h.Stack
-	c := &checker{}
-
-	// Network.
-	n, _, err := h.Client.Network(ctx, s.Network)
-	var gw *net.IPNet
-	switch {
-	case errors.Is(err, incus.ErrNotFound):
-		c.add("network", s.Network, "exists", "missing")
-	case err != nil:
+	st, err := h.Read(ctx)
+	if err != nil {
 		return CheckReport{}, err
-	default:
-		if ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil {
-			gw = &net.IPNet{IP: ip.To4(), Mask: sub.Mask}
-		}
-		if gw == nil {
-			c.add("network", s.Network+" ipv4.address", "an IPv4 /24", n.Config["ipv4.address"])
-		} else {
-			want := NetworkConfig(gw, upstreamServers(n.Config["raw.dnsmasq"]), s.ACL)
-			for _, k := range sortedKeys(want) {
-				if k == "raw.dnsmasq" {
-					continue
-				}
-				c.add("network", s.Network+" "+k, want[k], n.Config[k])
-			}
-			_, opts := ParseRawDNSMasq(n.Config["raw.dnsmasq"])
-			for _, o := range DNSOptions {
-				c.add("network", s.Network+" raw.dnsmasq "+o, "present", presence(slices.Contains(opts, o)))
-			}
-			c.note("network", s.Network+" upstream resolvers", strings.Join(upstreamServers(n.Config["raw.dnsmasq"]), ","))
+	}
+	c := &checker{}
+	c.network(st)
+	c.acl(st)
+	c.profile(st)
+	c.nftables(st)
+	c.ports(st)
+	c.kernel(st)
+	h.checkUnit(c)
+	r := CheckReport{Rows: c.rows, OK: true}
+	for _, row := range r.Rows {
+		r.OK = r.OK && row.OK
+	}
+	return r, nil
+}
+
+func (c *checker) network(st *StackState) {
+	s := st.Stack
+	switch {
+	case st.Network == nil:
+		c.add("network", s.Network, "exists", "missing")
+		return
+	case st.Gateway == nil:
+		c.add("network", s.Network+" ipv4.address", "an IPv4 /24", st.Network.Config["ipv4.address"])
+		return
+	}
+	cfg := st.Network.Config
+	want := NetworkConfig(st.Gateway, upstreamServers(cfg["raw.dnsmasq"]), s.ACL)
+	for _, k := range sortedKeys(want) {
+		if k != "raw.dnsmasq" {
+			c.add("network", s.Network+" "+k, want[k], cfg[k])
 		}
 	}
+	_, opts := ParseRawDNSMasq(cfg["raw.dnsmasq"])
+	for _, o := range DNSOptions {
+		c.add("network", s.Network+" raw.dnsmasq "+o, "present", presence(slices.Contains(opts, o)))
+	}
+	c.note("network", s.Network+" upstream resolvers", strings.Join(upstreamServers(cfg["raw.dnsmasq"]), ","))
+}
 
-	// ACL.
-	acl, _, err := h.Client.NetworkACL(ctx, s.ACL)
-	switch {
-	case errors.Is(err, incus.ErrNotFound):
+// acl compares the ACL object with the declared rules, then Incus's ACL chains in the kernel
+// with what that ACL must put there: a rule deleted by hand from `inet incus` is drift.
+func (c *checker) acl(st *StackState) {
+	s := st.Stack
+	if st.ACL == nil {
 		c.add("acl", s.ACL, "exists", "missing")
-	case err != nil:
-		return CheckReport{}, err
-	default:
-		want, have := renderSpecs(ACLEgress()), renderRules(acl.Egress)
+	} else {
+		want, have := renderSpecs(ACLEgress(st)), renderRules(st.ACL.Egress)
 		for i, w := range want {
 			got := "missing"
 			if i < len(have) {
@@ -105,103 +109,122 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 		for i := len(want); i < len(have); i++ {
 			c.add("acl", fmt.Sprintf("%s egress rule %d", s.ACL, i+1), "none", have[i])
 		}
-		c.add("acl", s.ACL+" ingress rules", "0", fmt.Sprint(len(acl.Ingress)))
+		c.add("acl", s.ACL+" ingress rules", "0", fmt.Sprint(len(st.ACL.Ingress)))
 	}
+	if st.Network == nil {
+		return
+	}
+	drift := st.ACLKernelDrift()
+	if len(drift) == 0 {
+		c.add("acl (kernel)", "inet incus acl."+s.Network+" and its hook chains", "as declared", "as declared")
+	}
+	for _, d := range drift {
+		c.add("acl (kernel)", "inet incus "+d, "as declared", "drift")
+	}
+}
 
-	// Profile.
-	prof, _, err := h.Client.Profile(ctx, s.Profile)
-	switch {
-	case errors.Is(err, incus.ErrNotFound):
+func (c *checker) profile(st *StackState) {
+	s := st.Stack
+	if st.Profile == nil {
 		c.add("profile", s.Profile, "exists", "missing")
-	case err != nil:
-		return CheckReport{}, err
-	default:
-		pool := "?"
-		if root, ok := prof.Devices["root"]; ok {
-			pool = root["pool"]
-		}
-		for name, want := range ProfileDevices(Stack{Network: s.Network, Pool: pool}) {
-			c.add("profile", s.Profile+" device "+name, renderDevice(want), renderDevice(prof.Devices[name]))
-		}
-		for _, name := range sortedKeys(prof.Devices) {
-			if name != "eth0" && name != "root" {
-				c.add("profile", s.Profile+" device "+name, "absent", renderDevice(prof.Devices[name]))
-			}
-		}
-		for k, v := range ProfileConfig() {
-			c.add("profile", s.Profile+" "+k, v, prof.Config[k])
+		return
+	}
+	prof := st.Profile
+	pool := "?"
+	if root, ok := prof.Devices["root"]; ok {
+		pool = root["pool"]
+	}
+	want := ProfileDevices(Stack{Network: s.Network, Pool: pool})
+	for _, name := range sortedKeys(want) {
+		c.add("profile", s.Profile+" device "+name, renderDevice(want[name]), renderDevice(prof.Devices[name]))
+	}
+	for _, name := range sortedKeys(prof.Devices) {
+		if name != "eth0" && name != "root" {
+			c.add("profile", s.Profile+" device "+name, "absent", renderDevice(prof.Devices[name]))
 		}
 	}
+	cfg := ProfileConfig()
+	for _, k := range sortedKeys(cfg) {
+		c.add("profile", s.Profile+" "+k, cfg[k], prof.Config[k])
+	}
+}
 
-	// nftables, read over netlink.
-	if gw != nil {
-		drift, err := firewall.Check(FirewallSpec(s.Network, gw))
-		if err != nil {
-			return CheckReport{}, fmt.Errorf("reading nftables: %w", err)
-		}
-		bt, gt := firewall.TableNames(s.Network)
-		if len(drift) == 0 {
-			c.add("nftables", "tables "+bt+", "+gt, "as declared", "as declared")
-		}
-		for _, d := range drift {
-			c.add("nftables", d.What, d.Expected, d.Actual)
-		}
+func (c *checker) nftables(st *StackState) {
+	if st.Gateway == nil {
+		return
 	}
+	if len(st.FirewallDrift) == 0 {
+		c.add("nftables", "tables "+st.Tables.Bridge+", "+st.Tables.Guard, "as declared", "as declared")
+	}
+	for _, d := range st.FirewallDrift {
+		c.add("nftables", d.What, d.Expected, d.Actual)
+	}
+}
 
-	// Kernel: every port isolated, br_netfilter, dnsmasq as started, IPv6 off.
-	ports, err := h.Kernel.BridgePorts(s.Network)
-	if err != nil {
-		return CheckReport{}, err
-	}
-	for _, p := range ports {
+// ports: every box port isolated, and Incus's anti-spoofing chains in the kernel for it.
+func (c *checker) ports(st *StackState) {
+	for _, p := range st.Ports {
 		c.add("port isolation", p.Name, "isolated", isolated(p.Isolated))
 	}
-	if len(ports) == 0 {
-		c.note("port isolation", s.Network, "no ports (no running box)")
+	for _, p := range st.Ports {
+		c.add("nic filtering", p.Name+portOwner(p), "filtered", map[bool]string{true: "filtered", false: "not filtered"}[p.Filtered])
 	}
-	if v, ok := h.Kernel.BridgeNFCallIPTables(); ok {
-		c.add("br_netfilter", "net.bridge.bridge-nf-call-iptables", "1", fmt.Sprint(v))
+	if len(st.Ports) == 0 {
+		c.note("port isolation", st.Stack.Network, "no ports (no running box)")
+	}
+}
+
+func portOwner(p PortState) string {
+	if p.Box == "" {
+		return ""
+	}
+	return " (" + p.Box + ")"
+}
+
+// kernel: br_netfilter, dnsmasq as started, IPv6 off.
+func (c *checker) kernel(st *StackState) {
+	s := st.Stack
+	if st.BridgeNF4.Loaded {
+		c.add("br_netfilter", "net.bridge.bridge-nf-call-iptables", "1", fmt.Sprint(st.BridgeNF4.Value))
 	} else {
 		c.note("br_netfilter", "net.bridge.bridge-nf-call-iptables", "module not loaded (the ACL does not see box-to-box frames)")
 	}
-	if n.Name != "" {
-		if d, ok := h.Kernel.FindDNSMasq(s.Network); !ok {
-			c.add("dnsmasq", s.Network, "running", "not running")
-		} else {
-			for _, o := range DNSOptions {
-				c.add("dnsmasq", "option "+o, "present", presence(slices.Contains(d.Options, o)))
-			}
-			c.add("dnsmasq", "instance-name domain (dns.mode)", "absent", presence(d.Flag("-s") || d.Flag("--domain")))
-			names, err := LeaseNames(d.LeaseFile())
-			if err != nil {
-				c.add("dnsmasq", "names in leases", "none", "unreadable: "+err.Error())
-			} else {
-				c.add("dnsmasq", "names in leases", "none", listOrNone(names))
-			}
+	if st.Network == nil {
+		return
+	}
+	if !st.DNSMasqRunning {
+		c.add("dnsmasq", s.Network, "running", "not running")
+	} else {
+		d := st.DNSMasq
+		for _, o := range DNSOptions {
+			c.add("dnsmasq", "option "+o, "present", presence(slices.Contains(d.Options, o)))
 		}
-		if off, err := h.Kernel.IPv6Disabled(s.Network); err == nil {
-			c.add("ipv6", s.Network+" disable_ipv6", "1", boolDigit(off))
+		c.add("dnsmasq", "instance-name domain (dns.mode)", "absent", presence(d.Flag("-s") || d.Flag("--domain")))
+		if st.LeaseErr != nil {
+			c.add("dnsmasq", "names in leases", "none", "unreadable: "+st.LeaseErr.Error())
 		} else {
-			c.add("ipv6", s.Network+" disable_ipv6", "1", "unreadable: "+err.Error())
+			c.add("dnsmasq", "names in leases", "none", listOrNone(st.LeaseNames))
 		}
 	}
+	if st.IPv6Err == nil {
+		c.add("ipv6", s.Network+" disable_ipv6", "1", boolDigit(st.IPv6Disabled))
+	} else {
+		c.add("ipv6", s.Network+" disable_ipv6", "1", "unreadable: "+st.IPv6Err.Error())
+	}
+}
 
-	if s.Unit != "" {
-		if h.Kernel.SystemdIsInit() {
-			up, err := h.planUnit()
-			if err == nil {
-				c.add("boot", s.Unit, "installed", map[bool]string{true: "missing or stale", false: "installed"}[up.write])
-			}
-		} else {
-			c.note("boot", s.Unit, "no systemd as PID 1: re-run 'claudebox host init' after a reboot")
-		}
+func (h *Host) checkUnit(c *checker) {
+	s := h.Stack
+	if s.Unit == "" {
+		return
 	}
-
-	r := CheckReport{Rows: c.rows, OK: true}
-	for _, row := range r.Rows {
-		r.OK = r.OK && row.OK
+	if !h.Kernel.SystemdIsInit() {
+		c.note("boot", s.Unit, "no systemd as PID 1: re-run 'claudebox host init' after a reboot")
+		return
 	}
-	return r, nil
+	if up, err := h.planUnit(); err == nil {
+		c.add("boot", s.Unit, "installed", map[bool]string{true: "missing or stale", false: "installed"}[up.write])
+	}
 }
 
 func presence(b bool) string {

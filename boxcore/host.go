@@ -2,14 +2,12 @@ package boxcore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
@@ -50,231 +48,186 @@ type InitPlan struct {
 	Upstreams []string
 	Pool      string
 
-	networkExists, aclExists, profileExists bool
-	networkConfig                           map[string]string
-	networkETag, aclETag, profileETag       string
-	firewallDrift                           bool
-	bridgeNF                                bool
-	unisolated                              []string
-	staleNames                              bool
-	unit                                    *unitPlan
+	state                      *StackState
+	networkConfig              map[string]string
+	aclEgress                  []ACLRuleSpec
+	networkChanged, aclChanged bool
+	profileChanged             bool
+	firewallDrift              bool
+	bridgeNF                   bool
+	unisolated                 []string
+	staleNames                 bool
+	unit                       *unitPlan
 }
+
+func (p *InitPlan) change(object, what string) { p.Changes = append(p.Changes, Change{object, what}) }
 
 // PlanInit validates the options and reads the host to work out what init must change.
 func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error) {
 	if err := h.Stack.Validate(); err != nil {
 		return nil, err
 	}
-	var pinned *net.IPNet
-	if opts.Subnet != "" {
-		var err error
-		if pinned, err = ParseSubnet(opts.Subnet); err != nil {
-			return nil, &UsageError{Msg: err.Error()}
-		}
-	}
-	var upstreams []string
-	if opts.DNS != "" {
-		var err error
-		if upstreams, err = ParseDNS(opts.DNS); err != nil {
-			return nil, &UsageError{Msg: err.Error()}
-		}
-	}
-	p := &InitPlan{}
-	s := h.Stack
-
-	pool, err := h.pickPool(ctx)
+	pinned, upstreams, err := parseInitOptions(opts)
 	if err != nil {
 		return nil, err
 	}
-	p.Pool = pool
-
-	net0, netETag, err := h.Client.Network(ctx, s.Network)
-	switch {
-	case err == nil:
-		p.networkExists, p.networkETag = true, netETag
-	case errors.Is(err, incus.ErrNotFound):
-	default:
+	p := &InitPlan{}
+	if p.Pool, err = h.pickPool(ctx); err != nil {
 		return nil, err
 	}
-	if p.networkExists && net0.Type != "bridge" {
-		return nil, Usagef("network %s exists but is a %s network, not a bridge: remove it or pick another host", s.Network, net0.Type)
+	if p.state, err = h.Read(ctx); err != nil {
+		return nil, err
 	}
+	st := p.state
+	if st.Network != nil && st.Network.Type != "bridge" {
+		return nil, Usagef("network %s exists but is a %s network, not a bridge: remove it or pick another host", h.Stack.Network, st.Network.Type)
+	}
+	if p.Gateway, err = h.planGateway(ctx, st, pinned); err != nil {
+		return nil, err
+	}
+	p.Upstreams = planUpstreams(st, upstreams)
+	p.networkConfig = NetworkConfig(p.Gateway, p.Upstreams, h.Stack.ACL)
+	h.planIncus(p)
+	if err := h.planKernel(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
-	// The subnet: pinned, kept, or picked free.
+func parseInitOptions(opts InitOptions) (pinned *net.IPNet, upstreams []string, err error) {
+	if opts.Subnet != "" {
+		if pinned, err = ParseSubnet(opts.Subnet); err != nil {
+			return nil, nil, &UsageError{Msg: err.Error()}
+		}
+	}
+	if opts.DNS != "" {
+		if upstreams, err = ParseDNS(opts.DNS); err != nil {
+			return nil, nil, &UsageError{Msg: err.Error()}
+		}
+	}
+	return pinned, upstreams, nil
+}
+
+// planGateway: the pinned subnet, else the one the network has, else a free one.
+func (h *Host) planGateway(ctx context.Context, st *StackState, pinned *net.IPNet) (*net.IPNet, error) {
 	claims, err := HostClaims()
 	if err != nil {
 		return nil, err
 	}
 	claims = append(claims, h.incusClaims(ctx)...)
-	var current *net.IPNet
-	if p.networkExists {
-		if ip, n, err := net.ParseCIDR(net0.Config["ipv4.address"]); err == nil {
-			current = &net.IPNet{IP: ip.To4(), Mask: n.Mask}
-		}
-	}
 	switch {
 	case pinned != nil:
-		if c := FindClaimant(pinned, claims, s.Network); c != nil {
+		if c := FindClaimant(pinned, claims, h.Stack.Network); c != nil {
 			return nil, Usagef("subnet %s is already used by %s: pick another with --subnet", pinned, c.By)
 		}
-		p.Gateway = Gateway(pinned)
-	case current != nil:
-		p.Gateway = current
-	default:
-		subnet, err := PickSubnet(claims, s.Network)
-		if err != nil {
-			return nil, err
-		}
-		p.Gateway = Gateway(subnet)
+		return Gateway(pinned), nil
+	case st.Gateway != nil:
+		return st.Gateway, nil
 	}
-
-	switch {
-	case upstreams != nil:
-		p.Upstreams = upstreams
-	case p.networkExists:
-		if servers := upstreamServers(net0.Config["raw.dnsmasq"]); len(servers) > 0 {
-			p.Upstreams = servers
-		}
-	}
-	if p.Upstreams == nil {
-		p.Upstreams = DefaultUpstreams
-	}
-
-	// ACL.
-	acl, aclETag, err := h.Client.NetworkACL(ctx, s.ACL)
-	switch {
-	case err == nil:
-		p.aclExists, p.aclETag = true, aclETag
-		if !slices.Equal(renderRules(acl.Egress), renderSpecs(ACLEgress())) || len(acl.Ingress) > 0 {
-			p.Changes = append(p.Changes, Change{"acl " + s.ACL, "rewrite rules"})
-		}
-	case errors.Is(err, incus.ErrNotFound):
-		p.Changes = append(p.Changes, Change{"acl " + s.ACL, "create: drop egress to " + strings.Join(BlockedEgress, ", ")})
-	default:
-		return nil, err
-	}
-
-	// Network.
-	p.networkConfig = NetworkConfig(p.Gateway, p.Upstreams, s.ACL)
-	if !p.networkExists {
-		p.Changes = append(p.Changes, Change{"network " + s.Network, "create NAT bridge " + p.Gateway.String()})
-	} else {
-		for _, k := range configDiff(net0.Config, p.networkConfig) {
-			p.Changes = append(p.Changes, Change{"network " + s.Network, "set " + k})
-		}
-	}
-
-	// Profile.
-	prof, profETag, err := h.Client.Profile(ctx, s.Profile)
-	wantDevices := ProfileDevices(Stack{Network: s.Network, Pool: pool})
-	switch {
-	case err == nil:
-		p.profileExists, p.profileETag = true, profETag
-		for _, k := range configDiff(prof.Config, ProfileConfig()) {
-			p.Changes = append(p.Changes, Change{"profile " + s.Profile, "set " + k})
-		}
-		if !devicesEqual(prof.Devices, wantDevices) {
-			p.Changes = append(p.Changes, Change{"profile " + s.Profile, "set devices eth0 (port isolation), root"})
-		}
-	case errors.Is(err, incus.ErrNotFound):
-		p.Changes = append(p.Changes, Change{"profile " + s.Profile, "create: eth0 on " + s.Network + " with port isolation, root on " + pool})
-	default:
-		return nil, err
-	}
-
-	// Firewall: what the kernel holds now.
-	drift, err := firewall.Check(FirewallSpec(s.Network, p.Gateway))
+	subnet, err := PickSubnet(claims, h.Stack.Network)
 	if err != nil {
-		return nil, fmt.Errorf("reading nftables: %w", err)
+		return nil, err
+	}
+	return Gateway(subnet), nil
+}
+
+func planUpstreams(st *StackState, upstreams []string) []string {
+	if upstreams != nil {
+		return upstreams
+	}
+	if st.Network != nil {
+		if servers := upstreamServers(st.Network.Config["raw.dnsmasq"]); len(servers) > 0 {
+			return servers
+		}
+	}
+	return DefaultUpstreams
+}
+
+// planIncus compares the ACL, the network and the profile with what they must be.
+func (h *Host) planIncus(p *InitPlan) {
+	s, st := h.Stack, p.state
+	p.aclEgress = ACLEgress(st)
+	switch {
+	case st.ACL == nil:
+		p.change("acl "+s.ACL, "create: drop egress to "+strings.Join(st.Blocked(), ", "))
+	case !slices.Equal(renderRules(st.ACL.Egress), renderSpecs(p.aclEgress)) || len(st.ACL.Ingress) > 0:
+		p.aclChanged = true
+		p.change("acl "+s.ACL, "rewrite rules")
+	case st.Network != nil && len(st.ACLKernelDrift()) > 0:
+		p.aclChanged = true
+		p.change("acl "+s.ACL, "re-apply: the kernel's rules differ ("+strings.Join(st.ACLKernelDrift(), "; ")+")")
+	}
+	if st.Network == nil {
+		p.change("network "+s.Network, "create NAT bridge "+p.Gateway.String())
+	} else {
+		for _, k := range configDiff(st.Network.Config, p.networkConfig) {
+			p.networkChanged = true
+			p.change("network "+s.Network, "set "+k)
+		}
+	}
+	wantDevices := ProfileDevices(Stack{Network: s.Network, Pool: p.Pool})
+	if st.Profile == nil {
+		p.change("profile "+s.Profile, "create: eth0 on "+s.Network+" with port isolation and anti-spoofing, root on "+p.Pool)
+		return
+	}
+	for _, k := range configDiff(st.Profile.Config, ProfileConfig()) {
+		p.profileChanged = true
+		p.change("profile "+s.Profile, "set "+k)
+	}
+	if !devicesEqual(st.Profile.Devices, wantDevices) {
+		p.profileChanged = true
+		p.change("profile "+s.Profile, "set devices eth0 (port isolation, anti-spoofing), root")
+	}
+}
+
+// planKernel compares what only the kernel holds: nftables, stale lease names, port flags,
+// br_netfilter, the boot unit.
+func (h *Host) planKernel(p *InitPlan) error {
+	s, st := h.Stack, p.state
+	drift, err := firewall.Check(h.firewallSpec(st, p.Gateway))
+	if err != nil {
+		return fmt.Errorf("reading nftables: %w", err)
 	}
 	if len(drift) > 0 {
 		p.firewallDrift = true
-		bt, gt := firewall.TableNames(s.Network)
-		p.Changes = append(p.Changes, Change{"nftables", "rebuild bridge " + bt + " (box-to-box drop) and inet " + gt + " (host input guard)"})
+		p.change("nftables", "rebuild bridge "+st.Tables.Bridge+" (box-to-box drop) and inet "+st.Tables.Guard+" (host input guard)")
 	}
-
 	// Host names dnsmasq learnt while dhcp-ignore-names was off: they outlive the option.
-	if d, ok := h.Kernel.FindDNSMasq(s.Network); ok {
-		if names, err := LeaseNames(d.LeaseFile()); err == nil && len(names) > 0 {
-			p.staleNames = true
-			p.Changes = append(p.Changes, Change{"dnsmasq " + s.Network, "forget lease names " + strings.Join(names, ", ")})
-		}
+	if st.DNSMasqRunning && len(st.LeaseNames) > 0 {
+		p.staleNames = true
+		p.change("dnsmasq "+s.Network, "forget lease names "+strings.Join(st.LeaseNames, ", "))
 	}
-
 	// Ports whose isolation flag was turned off behind Incus's back.
-	ports, err := h.Kernel.BridgePorts(s.Network)
-	if err != nil {
-		return nil, err
-	}
-	for _, port := range ports {
+	for _, port := range st.Ports {
 		if !port.Isolated {
 			p.unisolated = append(p.unisolated, port.Name)
-			p.Changes = append(p.Changes, Change{"port " + port.Name, "isolate (brport/isolated=1)"})
+			p.change("port "+port.Name, "isolate (brport/isolated=1)")
 		}
 	}
-
-	if v, ok := h.Kernel.BridgeNFCallIPTables(); ok && v != 1 {
+	if st.BridgeNF4.Loaded && st.BridgeNF4.Value != 1 {
 		p.bridgeNF = true
-		p.Changes = append(p.Changes, Change{"sysctl", "set net.bridge.bridge-nf-call-iptables=1"})
+		p.change("sysctl", "set net.bridge.bridge-nf-call-iptables=1")
 	}
-
 	if s.Unit != "" && h.Kernel.SystemdIsInit() {
 		up, err := h.planUnit()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		p.unit = up
 		if up.write {
-			p.Changes = append(p.Changes, Change{"systemd " + s.Unit, "install (re-applies the firewall at boot)"})
+			p.change("systemd "+s.Unit, "install (re-applies the firewall at boot)")
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // ApplyInit carries out a plan. The firewall chains and the ACL are rewritten whole on every run
 // (converge, never create-if-missing); the result lists what actually differed before.
 func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
-	s := h.Stack
-	acl := incus.NetworkACL{Name: s.ACL, Description: "claudebox: boxes reach the public internet only", Egress: toRules(ACLEgress()), Ingress: []incus.ACLRule{}}
-	if p.aclExists {
-		if err := h.Client.UpdateNetworkACL(ctx, acl, ""); err != nil {
-			return nil, fmt.Errorf("rewriting ACL %s: %w", s.ACL, err)
-		}
-	} else if err := h.Client.CreateNetworkACL(ctx, acl); err != nil {
-		return nil, fmt.Errorf("creating ACL %s: %w", s.ACL, err)
+	if err := h.applyIncus(ctx, p); err != nil {
+		return nil, err
 	}
-
-	if !p.networkExists {
-		cfg := maps.Clone(p.networkConfig)
-		maps.Copy(cfg, s.Marks)
-		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
-			return nil, fmt.Errorf("creating network %s: %w", s.Network, err)
-		}
-	} else if hasChange(p.Changes, "network "+s.Network) {
-		if err := h.putNetwork(ctx, p.networkConfig); err != nil {
-			return nil, err
-		}
-	}
-
-	if p.staleNames {
-		if err := h.forgetLeaseNames(ctx); err != nil {
-			return nil, err
-		}
-	}
-
-	prof := incus.Profile{Name: s.Profile, Description: "claudebox: the isolation stack of every box",
-		Config: ProfileConfig(), Devices: ProfileDevices(Stack{Network: s.Network, Pool: p.Pool})}
-	if !p.profileExists {
-		if err := h.Client.CreateProfile(ctx, prof); err != nil {
-			return nil, fmt.Errorf("creating profile %s: %w", s.Profile, err)
-		}
-	} else if hasChange(p.Changes, "profile "+s.Profile) {
-		if err := h.Client.UpdateProfile(ctx, prof, ""); err != nil {
-			return nil, fmt.Errorf("updating profile %s: %w", s.Profile, err)
-		}
-	}
-
-	if _, err := firewall.Apply(FirewallSpec(s.Network, p.Gateway)); err != nil {
+	if _, err := firewall.Apply(h.firewallSpec(p.state, p.Gateway)); err != nil {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
 	for _, port := range p.unisolated {
@@ -295,6 +248,46 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 	return p.Changes, nil
 }
 
+func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
+	s, st := h.Stack, p.state
+	acl := incus.NetworkACL{Name: s.ACL, Description: "claudebox: boxes reach the public internet only", Egress: toRules(p.aclEgress), Ingress: []incus.ACLRule{}}
+	if st.ACL != nil {
+		if err := h.Client.UpdateNetworkACL(ctx, acl, ""); err != nil {
+			return fmt.Errorf("rewriting ACL %s: %w", s.ACL, err)
+		}
+	} else if err := h.Client.CreateNetworkACL(ctx, acl); err != nil {
+		return fmt.Errorf("creating ACL %s: %w", s.ACL, err)
+	}
+	if st.Network == nil {
+		cfg := maps.Clone(p.networkConfig)
+		maps.Copy(cfg, s.Marks)
+		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
+			return fmt.Errorf("creating network %s: %w", s.Network, err)
+		}
+	} else if p.networkChanged {
+		if err := PutNetworkConfig(ctx, h.Client, s.Network, p.networkConfig); err != nil {
+			return err
+		}
+	}
+	if p.staleNames {
+		if err := h.forgetLeaseNames(ctx); err != nil {
+			return err
+		}
+	}
+	prof := incus.Profile{Name: s.Profile, Description: "claudebox: the isolation stack of every box",
+		Config: ProfileConfig(), Devices: ProfileDevices(Stack{Network: s.Network, Pool: p.Pool})}
+	if st.Profile == nil {
+		if err := h.Client.CreateProfile(ctx, prof); err != nil {
+			return fmt.Errorf("creating profile %s: %w", s.Profile, err)
+		}
+	} else if p.profileChanged {
+		if err := h.Client.UpdateProfile(ctx, prof, ""); err != nil {
+			return fmt.Errorf("updating profile %s: %w", s.Profile, err)
+		}
+	}
+	return nil
+}
+
 // Init plans and applies in one go.
 func (h *Host) Init(ctx context.Context, opts InitOptions) ([]Change, error) {
 	p, err := h.PlanInit(ctx, opts)
@@ -307,18 +300,27 @@ func (h *Host) Init(ctx context.Context, opts InitOptions) ([]Change, error) {
 // ApplyFirewall re-applies only the nftables rules, reading the gateway from the network;
 // the boot unit runs this.
 func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
-	n, _, err := h.Client.Network(ctx, h.Stack.Network)
+	st, err := h.Read(ctx)
 	if err != nil {
-		if errors.Is(err, incus.ErrNotFound) {
-			return false, Usagef("network %s does not exist: run 'claudebox host init' first", h.Stack.Network)
-		}
 		return false, err
 	}
-	ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"])
-	if err != nil {
-		return false, fmt.Errorf("network %s has no IPv4 address (%q): run 'claudebox host init'", h.Stack.Network, n.Config["ipv4.address"])
+	if st.Network == nil {
+		return false, Usagef("network %s does not exist: run 'claudebox host init' first", h.Stack.Network)
 	}
-	return firewall.Apply(FirewallSpec(h.Stack.Network, &net.IPNet{IP: ip, Mask: sub.Mask}))
+	if st.Gateway == nil {
+		return false, fmt.Errorf("network %s has no IPv4 address (%q): run 'claudebox host init'", h.Stack.Network, st.Network.Config["ipv4.address"])
+	}
+	return firewall.Apply(h.FirewallSpec(st))
+}
+
+// FirewallSpec is the nftables spec of the stack as read (its gateway and the ranges boxes
+// must not reach).
+func (h *Host) FirewallSpec(st *StackState) firewall.Spec {
+	return h.firewallSpec(st, st.Gateway)
+}
+
+func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
+	return FirewallSpec(h.Stack.Network, gw)
 }
 
 // pickPool prefers the stack's pool, else the first pool the daemon has.
@@ -393,15 +395,6 @@ func devicesEqual(a, b map[string]map[string]string) bool {
 	return maps.EqualFunc(a, b, func(x, y map[string]string) bool { return maps.Equal(x, y) })
 }
 
-func hasChange(changes []Change, object string) bool {
-	for _, c := range changes {
-		if c.Object == object {
-			return true
-		}
-	}
-	return false
-}
-
 func toRules(specs []ACLRuleSpec) []incus.ACLRule {
 	out := make([]incus.ACLRule, len(specs))
 	for i, s := range specs {
@@ -450,14 +443,13 @@ func FirewallSpec(bridge string, gateway *net.IPNet) firewall.Spec {
 	return firewall.Spec{Bridge: bridge, Gateway: gateway.IP, PrefixLen: ones}
 }
 
-// putNetwork writes the network's config (keeping volatile.* and user.* keys). Incus 6.0.4
-// sometimes fails such a PUT with "Failed to delete bridge children interfaces" when a box's
-// veth vanishes at that moment; that race is retried.
-func (h *Host) putNetwork(ctx context.Context, want map[string]string) error {
-	var err error
-	for attempt := 0; attempt < 4; attempt++ {
-		var cur incus.Network
-		cur, _, err = h.Client.Network(ctx, h.Stack.Network)
+// PutNetworkConfig writes a network's config, keeping the volatile.* and user.* keys it has
+// now. Incus 6.0.4 sometimes fails such a PUT with "Failed to delete bridge children
+// interfaces" (500) when a box's veth vanishes at that moment: that race is retried (see
+// incus.IsBridgeChildrenRace); any other error is returned at once.
+func PutNetworkConfig(ctx context.Context, c *incus.Client, network string, want map[string]string) error {
+	err := incus.RetryBridgeChildrenRace(ctx, func() error {
+		cur, _, err := c.Network(ctx, network)
 		if err != nil {
 			return err
 		}
@@ -467,14 +459,10 @@ func (h *Host) putNetwork(ctx context.Context, want map[string]string) error {
 				cfg[k] = v
 			}
 		}
-		err = h.Client.UpdateNetwork(ctx, h.Stack.Network, cfg, cur.Description, "")
-		if err == nil || !strings.Contains(err.Error(), "bridge children") {
-			break
-		}
-		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-	}
+		return c.UpdateNetwork(ctx, network, cfg, cur.Description, "")
+	})
 	if err != nil {
-		return fmt.Errorf("updating network %s: %w", h.Stack.Network, err)
+		return fmt.Errorf("updating network %s: %w", network, err)
 	}
 	return nil
 }
@@ -497,8 +485,8 @@ func (h *Host) forgetLeaseNames(ctx context.Context) error {
 	}
 	marked := maps.Clone(cur.Config)
 	marked["raw.dnsmasq"] += "\n# claudebox: lease names cleared"
-	if err := h.putNetwork(ctx, marked); err != nil {
+	if err := PutNetworkConfig(ctx, h.Client, h.Stack.Network, marked); err != nil {
 		return err
 	}
-	return h.putNetwork(ctx, cur.Config)
+	return PutNetworkConfig(ctx, h.Client, h.Stack.Network, cur.Config)
 }

@@ -130,6 +130,35 @@ func TestHostInitCheckTeardown(t *testing.T) {
 		repairAndCheck(t, h)
 	})
 
+	t.Run("drift: an ACL rule deleted from the kernel by hand", func(t *testing.T) {
+		chain := "acl." + s.Network
+		out, err := exec.Command("nft", "-a", "list", "chain", "inet", "incus", chain).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v %s", err, out)
+		}
+		var handle string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "ip daddr 10.0.0.0/8 drop") {
+				handle = l[strings.LastIndex(l, " ")+1:]
+			}
+		}
+		if handle == "" {
+			t.Fatalf("no 10.0.0.0/8 drop rule in %s:\n%s", chain, out)
+		}
+		if out, err := exec.Command("nft", "delete", "rule", "inet", "incus", chain, "handle", handle).CombinedOutput(); err != nil {
+			t.Fatalf("nft delete rule: %v %s", err, out)
+		}
+		r := mustCheck(t, h)
+		want := []string{"acl (kernel): inet incus " + chain + ` lacks: iifname "` + s.Network + `" ip daddr 10.0.0.0/8 drop`}
+		if got := driftItems(r); !slices.Equal(got, want) {
+			t.Fatalf("drift = %v, want exactly %v", got, want)
+		}
+		if l := layerOf(t, h, boxcore.LayerACL, nil); l.On {
+			t.Fatalf("layer acl reads on with a rule gone: %s", l.What)
+		}
+		repairAndCheck(t, h)
+	})
+
 	t.Run("drift: no-hosts removed", func(t *testing.T) {
 		n, _, err := c.Network(ctx, s.Network)
 		if err != nil {

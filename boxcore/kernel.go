@@ -25,11 +25,25 @@ func LocalKernel() Kernel {
 	return Kernel{Proc: "/proc", Sys: "/sys", UnitDir: "/etc/systemd/system"}
 }
 
-const bridgeNFPath = "sys/net/bridge/bridge-nf-call-iptables"
+const (
+	bridgeNFPath  = "sys/net/bridge/bridge-nf-call-iptables"
+	bridgeNF6Path = "sys/net/bridge/bridge-nf-call-ip6tables"
+)
 
 // BridgeNFCallIPTables reads the br_netfilter switch; ok is false when br_netfilter is not loaded.
-func (k Kernel) BridgeNFCallIPTables() (int, bool) {
-	b, err := os.ReadFile(filepath.Join(k.Proc, bridgeNFPath))
+func (k Kernel) BridgeNFCallIPTables() (int, bool) { return k.sysctl(bridgeNFPath) }
+
+// BridgeNFCallIP6Tables reads br_netfilter's IPv6 switch.
+func (k Kernel) BridgeNFCallIP6Tables() (int, bool) { return k.sysctl(bridgeNF6Path) }
+
+// SetBridgeNFCallIPTables writes the br_netfilter switch.
+func (k Kernel) SetBridgeNFCallIPTables(v int) error { return k.setSysctl(bridgeNFPath, v) }
+
+// SetBridgeNFCallIP6Tables writes br_netfilter's IPv6 switch.
+func (k Kernel) SetBridgeNFCallIP6Tables(v int) error { return k.setSysctl(bridgeNF6Path, v) }
+
+func (k Kernel) sysctl(rel string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(k.Proc, rel))
 	if err != nil {
 		return 0, false
 	}
@@ -37,10 +51,10 @@ func (k Kernel) BridgeNFCallIPTables() (int, bool) {
 	return v, err == nil
 }
 
-// SetBridgeNFCallIPTables writes the br_netfilter switch.
-func (k Kernel) SetBridgeNFCallIPTables(v int) error {
-	if err := os.WriteFile(filepath.Join(k.Proc, bridgeNFPath), []byte(strconv.Itoa(v)+"\n"), 0o644); err != nil {
-		return fmt.Errorf("setting net.bridge.bridge-nf-call-iptables: %w", err)
+func (k Kernel) setSysctl(rel string, v int) error {
+	if err := os.WriteFile(filepath.Join(k.Proc, rel), []byte(strconv.Itoa(v)+"\n"), 0o644); err != nil {
+		name := strings.ReplaceAll(strings.TrimPrefix(rel, "sys/"), "/", ".")
+		return fmt.Errorf("setting %s: %w", name, err)
 	}
 	return nil
 }

@@ -1,0 +1,345 @@
+package boxcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/firewall"
+)
+
+// StackState is the host stack as it is: the Incus objects, and the kernel state that holds
+// the layers (bridge ports, sysctls, the running dnsmasq, nftables — claudebox's tables and
+// Incus's ACL chains as the kernel has them). host check, host init's plan and the drill's
+// layer lines all read this one value.
+type StackState struct {
+	Stack   Stack
+	Network *incus.Network // nil: missing
+	ACL     *incus.NetworkACL
+	Profile *incus.Profile
+	Gateway *net.IPNet // from the network's ipv4.address; nil when missing or unparsable
+	// Others are the other managed Incus networks with an IPv4 subnet: boxes must not reach them.
+	Others []OtherNetwork
+
+	Tables        TablesState
+	FirewallDrift []firewall.Drift // claudebox's tables against the spec (nil without a gateway)
+	BridgeMeta    bool             // the kernel has nft_meta_bridge
+	// IncusACL holds the rules of Incus's ACL chains for the network in `table inet incus`
+	// (acl.N, aclin.N, aclout.N, aclfwd.N) as nft prints them; a chain that is absent is absent.
+	IncusACL map[string][]string
+	Ports    []PortState
+
+	BridgeNF4, BridgeNF6 Sysctl
+	DNSMasq              DNSMasq
+	DNSMasqRunning       bool
+	LeaseNames           []string
+	LeaseErr             error
+	IPv6Disabled         bool
+	IPv6Err              error
+}
+
+// OtherNetwork is another managed Incus network's IPv4 subnet.
+type OtherNetwork struct {
+	Name   string
+	Subnet *net.IPNet
+}
+
+// TablesState says which of claudebox's nft tables and chains the kernel holds.
+type TablesState struct {
+	Bridge, Guard, Wall string // table names
+	BridgeOn            bool   // bridge table present with its chains
+	GuardInput          bool   // guard table has its input chain
+	WallOn              bool   // wall table present with chains
+}
+
+// PortState is one bridge port: its isolation flag, whether Incus's per-NIC anti-spoofing
+// chains for it are in the kernel, and the box it belongs to ("" if none we know).
+type PortState struct {
+	Name     string
+	Box      string
+	Isolated bool
+	Filtered bool
+}
+
+// Sysctl is one integer sysctl; Loaded is false when the file does not exist.
+type Sysctl struct {
+	Value  int
+	Loaded bool
+}
+
+// Read reads the whole stack once. A missing object is recorded as nil, not an error.
+func (h *Host) Read(ctx context.Context) (*StackState, error) {
+	s := h.Stack
+	st := &StackState{Stack: s, BridgeMeta: firewall.BridgeMetaSupported()}
+	if err := h.readIncus(ctx, st); err != nil {
+		return nil, err
+	}
+	if err := h.readFirewall(st); err != nil {
+		return nil, err
+	}
+	if err := h.readPorts(ctx, st); err != nil {
+		return nil, err
+	}
+	st.IncusACL = incusACLChains(s.Network)
+	st.BridgeNF4.Value, st.BridgeNF4.Loaded = h.Kernel.BridgeNFCallIPTables()
+	st.BridgeNF6.Value, st.BridgeNF6.Loaded = h.Kernel.BridgeNFCallIP6Tables()
+	st.DNSMasq, st.DNSMasqRunning = h.Kernel.FindDNSMasq(s.Network)
+	if st.DNSMasqRunning {
+		st.LeaseNames, st.LeaseErr = LeaseNames(st.DNSMasq.LeaseFile())
+	}
+	st.IPv6Disabled, st.IPv6Err = h.Kernel.IPv6Disabled(s.Network)
+	return st, nil
+}
+
+func (h *Host) readIncus(ctx context.Context, st *StackState) error {
+	s := h.Stack
+	n, _, err := h.Client.Network(ctx, s.Network)
+	switch {
+	case err == nil:
+		st.Network = &n
+		if ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil && ip.To4() != nil {
+			st.Gateway = &net.IPNet{IP: ip.To4(), Mask: sub.Mask}
+		}
+	case !errors.Is(err, incus.ErrNotFound):
+		return err
+	}
+	acl, _, err := h.Client.NetworkACL(ctx, s.ACL)
+	switch {
+	case err == nil:
+		st.ACL = &acl
+	case !errors.Is(err, incus.ErrNotFound):
+		return err
+	}
+	prof, _, err := h.Client.Profile(ctx, s.Profile)
+	switch {
+	case err == nil:
+		st.Profile = &prof
+	case !errors.Is(err, incus.ErrNotFound):
+		return err
+	}
+	nets, err := h.Client.Networks(ctx)
+	if err != nil {
+		return err
+	}
+	for _, o := range nets {
+		if !o.Managed || o.Name == s.Network {
+			continue
+		}
+		if _, sub, err := net.ParseCIDR(o.Config["ipv4.address"]); err == nil && sub.IP.To4() != nil {
+			st.Others = append(st.Others, OtherNetwork{Name: o.Name, Subnet: sub})
+		}
+	}
+	return nil
+}
+
+func (h *Host) readFirewall(st *StackState) error {
+	s := h.Stack
+	bt, gt := firewall.TableNames(s.Network)
+	st.Tables = TablesState{Bridge: bt, Guard: gt, Wall: wallTable(s.Network)}
+	obs, err := firewall.Read(s.Network)
+	if err != nil {
+		return fmt.Errorf("reading nftables: %w", err)
+	}
+	for _, t := range obs.Tables {
+		switch {
+		case !t.Present:
+		case t.Name == bt:
+			st.Tables.BridgeOn = len(t.Chains) > 0
+		case t.Name == gt:
+			st.Tables.GuardInput = slices.ContainsFunc(t.Chains, func(c firewall.ChainState) bool { return c.Name == firewall.InputChain })
+		case t.Name == st.Tables.Wall:
+			st.Tables.WallOn = len(t.Chains) > 0
+		}
+	}
+	if st.Gateway != nil {
+		if st.FirewallDrift, err = firewall.Check(h.FirewallSpec(st)); err != nil {
+			return fmt.Errorf("reading nftables: %w", err)
+		}
+	}
+	return nil
+}
+
+// wallTable is the name of claudebox's own inet table for a bridge.
+func wallTable(bridge string) string { return "claudebox_" + bridge + "_wall" }
+
+// readPorts lists the bridge's ports with their isolation flag, the box behind each, and
+// whether Incus's NIC filter chains for the port are in `table bridge incus`.
+func (h *Host) readPorts(ctx context.Context, st *StackState) error {
+	ports, err := h.Kernel.BridgePorts(h.Stack.Network)
+	if err != nil {
+		return err
+	}
+	owner := map[string]string{}
+	if len(ports) > 0 {
+		insts, err := h.Client.Instances(ctx, nil, false)
+		if err != nil {
+			return err
+		}
+		for _, in := range insts {
+			if v := in.Config["volatile.eth0.host_name"]; v != "" {
+				owner[v] = in.Name
+			}
+		}
+	}
+	bridgeIncus, _ := nftList("table", "bridge", "incus")
+	for _, p := range ports {
+		st.Ports = append(st.Ports, PortState{Name: p.Name, Box: owner[p.Name], Isolated: p.Isolated,
+			Filtered: nicFiltered(bridgeIncus, p.Name)})
+	}
+	return nil
+}
+
+// nicFiltered reports whether Incus's anti-spoofing rules for a port are in its bridge table,
+// in both the input and the forward chain: source MAC, source IPv4 (and ARP sender), every
+// IPv6 frame (the network has none), and every ethertype but IPv4/ARP/IPv6.
+func nicFiltered(table, port string) bool {
+	need := []string{"ether saddr != ", "ip saddr != ", "arp saddr ip != ", "ether type ip6 drop", "ether type != { ip, arp, ip6 } drop"}
+	prefix := `iifname "` + port + `" `
+	count := map[string]int{}
+	for _, l := range strings.Split(table, "\n") {
+		l = strings.TrimSpace(l)
+		rest, ok := strings.CutPrefix(l, prefix)
+		if !ok || !strings.HasSuffix(l, " drop") {
+			continue
+		}
+		for _, n := range need {
+			if strings.HasPrefix(rest, n) {
+				count[n]++
+			}
+		}
+	}
+	for _, n := range need {
+		if count[n] < 2 {
+			return false
+		}
+	}
+	return true
+}
+
+// incusACLChains reads Incus's ACL chains of a network from `table inet incus`.
+func incusACLChains(network string) map[string][]string {
+	out := map[string][]string{}
+	for _, ch := range aclChainNames(network) {
+		text, err := nftList("chain", "inet", "incus", ch)
+		if err != nil {
+			continue
+		}
+		var rules []string
+		for _, l := range strings.Split(text, "\n") {
+			l = strings.TrimSpace(l)
+			if l == "" || l == "}" || strings.HasPrefix(l, "table ") || strings.HasPrefix(l, "chain ") || strings.HasPrefix(l, "type ") {
+				continue
+			}
+			rules = append(rules, l)
+		}
+		out[ch] = rules
+	}
+	return out
+}
+
+func aclChainNames(network string) []string {
+	return []string{"acl." + network, "aclin." + network, "aclout." + network, "aclfwd." + network}
+}
+
+// nftList runs `nft list ...` (Incus's own tables are read as nft prints them).
+func nftList(args ...string) (string, error) {
+	out, err := exec.Command("nft", append([]string{"list"}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("nft list %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// Blocked are the IPv4 ranges no box may reach: BlockedEgress, plus every other managed Incus
+// network's subnet that those ranges do not already cover.
+func (st *StackState) Blocked() []string {
+	out := slices.Clone(BlockedEgress)
+	for _, o := range st.Others {
+		if !coveredBy(o.Subnet, BlockedEgress) {
+			out = append(out, o.Subnet.String())
+		}
+	}
+	return out
+}
+
+func coveredBy(n *net.IPNet, cidrs []string) bool {
+	ones, _ := n.Mask.Size()
+	for _, c := range cidrs {
+		_, b, err := net.ParseCIDR(c)
+		if err != nil {
+			continue
+		}
+		if bones, _ := b.Mask.Size(); bones <= ones && b.Contains(n.IP) {
+			return true
+		}
+	}
+	return false
+}
+
+// WantIncusACL is what the kernel must hold in Incus's ACL chains for the network.
+func (st *StackState) WantIncusACL() map[string][]string {
+	n := st.Stack.Network
+	q := `"` + n + `"`
+	acl := []string{"ct state established,related accept"}
+	for _, c := range st.Blocked() {
+		acl = append(acl, "iifname "+q+" ip daddr "+c+" drop")
+	}
+	acl = append(acl, "iifname "+q+" accept", "oifname "+q+" drop")
+	return map[string][]string{
+		"acl." + n:    acl,
+		"aclin." + n:  {"iifname " + q + " jump acl." + n},
+		"aclout." + n: {"oifname " + q + " jump acl." + n},
+		"aclfwd." + n: {"iifname " + q + " jump acl." + n, "oifname " + q + " jump acl." + n},
+	}
+}
+
+// ACLKernelDrift lists how Incus's ACL chains in the kernel differ from what they must hold.
+func (st *StackState) ACLKernelDrift() []string {
+	var out []string
+	want := st.WantIncusACL()
+	for _, ch := range aclChainNames(st.Stack.Network) {
+		have, ok := st.IncusACL[ch]
+		if !ok {
+			out = append(out, "chain inet incus "+ch+" absent")
+			continue
+		}
+		for _, r := range want[ch] {
+			if !slices.Contains(have, r) {
+				out = append(out, ch+" lacks: "+r)
+			}
+		}
+		if ch == "acl."+st.Stack.Network {
+			for _, r := range have {
+				if !slices.Contains(want[ch], r) {
+					out = append(out, ch+" has extra: "+r)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (st *StackState) networkConfig() map[string]string {
+	if st.Network == nil {
+		return map[string]string{}
+	}
+	return st.Network.Config
+}
+
+func (st *StackState) portsOf(boxes []string) []PortState {
+	if boxes == nil {
+		return st.Ports
+	}
+	var out []PortState
+	for _, p := range st.Ports {
+		if slices.Contains(boxes, p.Box) {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,238 @@
+package boxcore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/firewall"
+)
+
+// SwitchOff turns layers off, for a seeded hole, and returns the function that puts every one
+// of them back as it was. boxes are the instances whose own ports and NICs are switched
+// (port-isolation, nic-filtering); nil means every box on the bridge. The network-wide layers
+// (the network's config keys, sysctls, claudebox's nft tables) affect every box on the bridge.
+//
+// Network keys (dns.mode, the dnsmasq options, the ACL, IPv6) are written in one update, which
+// makes Incus re-apply its firewall for the network (a re-apply window); the others touch no
+// Incus object. If switching fails part-way, what was switched is restored before returning.
+func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (restore func(context.Context) error, err error) {
+	st, err := h.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Network == nil || st.Gateway == nil {
+		return nil, fmt.Errorf("network %s is missing or has no IPv4 address: run 'claudebox host init'", h.Stack.Network)
+	}
+	sw := &switcher{h: h, st: st, saved: maps.Clone(st.Network.Config), cfg: maps.Clone(st.Network.Config)}
+	for _, p := range st.portsOf(boxes) {
+		sw.ports = append(sw.ports, p.Name)
+		if p.Box != "" {
+			sw.boxes = append(sw.boxes, p.Box)
+		}
+	}
+	for _, l := range layers {
+		if err := sw.off(ctx, l); err != nil {
+			return nil, errors.Join(fmt.Errorf("switching %s off: %w", l, err), sw.restore(ctx))
+		}
+	}
+	if sw.netChanged {
+		if err := PutNetworkConfig(ctx, h.Client, h.Stack.Network, sw.cfg); err != nil {
+			return nil, errors.Join(err, sw.restore(ctx))
+		}
+	}
+	return sw.restore, nil
+}
+
+type switcher struct {
+	h          *Host
+	st         *StackState
+	saved, cfg map[string]string
+	ports      []string
+	boxes      []string
+
+	netChanged, nftChanged bool
+	brnf                   bool
+	unisolated             []string
+	nics                   map[string]incus.Instance // box → instance as it was, before the NIC override
+}
+
+func (sw *switcher) off(ctx context.Context, l Layer) error {
+	bt, gt := sw.st.Tables.Bridge, sw.st.Tables.Guard
+	switch l {
+	case LayerNFTBridge:
+		sw.nftChanged = true
+		return nftDelete(&nftables.Table{Name: bt, Family: nftables.TableFamilyBridge}, "")
+	case LayerHostGuard:
+		sw.nftChanged = true
+		return nftDelete(&nftables.Table{Name: gt, Family: nftables.TableFamilyINet}, firewall.InputChain)
+	case LayerWall:
+		sw.nftChanged = true
+		return nftDelete(&nftables.Table{Name: sw.st.Tables.Wall, Family: nftables.TableFamilyINet}, "")
+	case LayerBRNF:
+		sw.brnf = true
+		return errors.Join(sw.h.Kernel.SetBridgeNFCallIPTables(0), sw.h.Kernel.SetBridgeNFCallIP6Tables(0))
+	case LayerPortIso:
+		for _, p := range sw.ports {
+			if err := sw.h.Kernel.SetPortIsolated(p, false); err != nil {
+				return err
+			}
+			sw.unisolated = append(sw.unisolated, p)
+		}
+		return nil
+	case LayerNICFiltering:
+		return sw.nicFilteringOff(ctx)
+	case LayerDNSModeNone:
+		sw.cfg["dns.mode"] = "managed"
+	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent:
+		var keep []string
+		for _, line := range strings.Split(sw.cfg["raw.dnsmasq"], "\n") {
+			if strings.TrimSpace(line) != string(l) {
+				keep = append(keep, line)
+			}
+		}
+		sw.cfg["raw.dnsmasq"] = strings.Join(keep, "\n")
+	case LayerACL:
+		delete(sw.cfg, "security.acls")
+		delete(sw.cfg, "security.acls.default.ingress.action")
+		delete(sw.cfg, "security.acls.default.egress.action")
+	case LayerIPv6Off:
+		r := make([]byte, 4)
+		_, _ = rand.Read(r)
+		sw.cfg["ipv6.address"] = fmt.Sprintf("fd42:%x:%x::1/64", r[:2], r[2:])
+		sw.cfg["ipv6.nat"] = "true"
+	default:
+		return fmt.Errorf("layer %q cannot be switched off", l)
+	}
+	sw.netChanged = true
+	return nil
+}
+
+// nicFilteringOff gives each box a local eth0 that overrides the profile's, with the
+// filtering keys off (Incus applies it to the running NIC: same veth, same address).
+func (sw *switcher) nicFilteringOff(ctx context.Context) error {
+	prof := sw.st.Profile
+	if prof == nil || prof.Devices["eth0"] == nil {
+		return fmt.Errorf("profile %s has no eth0", sw.h.Stack.Profile)
+	}
+	if sw.nics == nil {
+		sw.nics = map[string]incus.Instance{}
+	}
+	for _, b := range sw.boxes {
+		in, etag, err := sw.h.Client.Instance(ctx, b)
+		if err != nil {
+			return err
+		}
+		eth0 := maps.Clone(prof.Devices["eth0"])
+		for k := range NICFiltering {
+			eth0[k] = "false"
+		}
+		put := in.Writable()
+		put.Devices = maps.Clone(in.Devices)
+		if put.Devices == nil {
+			put.Devices = map[string]map[string]string{}
+		}
+		put.Devices["eth0"] = eth0
+		if err := sw.h.Client.UpdateInstance(ctx, b, put, etag); err != nil {
+			return fmt.Errorf("box %s: %w", b, err)
+		}
+		sw.nics[b] = in
+	}
+	return nil
+}
+
+// restore puts back everything switched, in the order that leaves no layer missing longer
+// than it must; it goes on after an error and returns them all.
+func (sw *switcher) restore(ctx context.Context) error {
+	var errs []error
+	h := sw.h
+	if sw.netChanged {
+		if cur, _, err := h.Client.Network(ctx, h.Stack.Network); err != nil {
+			errs = append(errs, err)
+		} else if !maps.Equal(cur.Config, sw.saved) {
+			errs = append(errs, PutNetworkConfig(ctx, h.Client, h.Stack.Network, sw.saved))
+		}
+	}
+	if sw.brnf {
+		errs = append(errs, restoreSysctl(sw.st.BridgeNF4, h.Kernel.SetBridgeNFCallIPTables),
+			restoreSysctl(sw.st.BridgeNF6, h.Kernel.SetBridgeNFCallIP6Tables))
+	}
+	if sw.nftChanged {
+		if _, err := firewall.Apply(h.FirewallSpec(sw.st)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range sw.unisolated {
+		errs = append(errs, h.Kernel.SetPortIsolated(p, true))
+	}
+	for _, b := range slices.Sorted(maps.Keys(sw.nics)) {
+		errs = append(errs, sw.restoreNIC(ctx, b))
+	}
+	return errors.Join(errs...)
+}
+
+func (sw *switcher) restoreNIC(ctx context.Context, box string) error {
+	was := sw.nics[box]
+	in, etag, err := sw.h.Client.Instance(ctx, box)
+	if err != nil {
+		return err
+	}
+	put := in.Writable()
+	put.Devices = maps.Clone(in.Devices)
+	if dev, ok := was.Devices["eth0"]; ok {
+		put.Devices["eth0"] = dev
+	} else {
+		delete(put.Devices, "eth0")
+	}
+	if err := sw.h.Client.UpdateInstance(ctx, box, put, etag); err != nil {
+		return fmt.Errorf("restoring box %s's NIC: %w", box, err)
+	}
+	return nil
+}
+
+func restoreSysctl(was Sysctl, set func(int) error) error {
+	if !was.Loaded {
+		return nil
+	}
+	return set(was.Value)
+}
+
+// nftDelete deletes a table, or one chain of it, in one transaction.
+func nftDelete(t *nftables.Table, chain string) error {
+	cc, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if chain == "" {
+		cc.DelTable(t)
+	} else {
+		cc.DelChain(&nftables.Chain{Name: chain, Table: t})
+	}
+	if err := cc.Flush(); err != nil {
+		return fmt.Errorf("deleting %s %s %s: %w", familyName(t.Family), t.Name, chain, err)
+	}
+	return nil
+}
+
+func familyName(f nftables.TableFamily) string {
+	if f == nftables.TableFamilyBridge {
+		return "bridge"
+	}
+	return "inet"
+}
+
+// ReadLayers reads the stack and returns one line per layer (see StackState.Layers).
+func (h *Host) ReadLayers(ctx context.Context, boxes []string) ([]LayerState, error) {
+	st, err := h.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st.Layers(boxes), nil
+}
