@@ -154,7 +154,7 @@ func (c *checker) nftables(st *StackState) {
 		return
 	}
 	if len(st.FirewallDrift) == 0 {
-		c.add("nftables", "tables "+st.Tables.Bridge+", "+st.Tables.Guard, "as declared", "as declared")
+		c.add("nftables", "tables "+st.Tables.Bridge+", "+st.Tables.Guard+", "+st.Tables.Wall, "as declared", "as declared")
 	}
 	for _, d := range st.FirewallDrift {
 		c.add("nftables", d.What, d.Expected, d.Actual)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -190,7 +191,7 @@ func (h *Host) planKernel(p *InitPlan) error {
 	}
 	if len(drift) > 0 {
 		p.firewallDrift = true
-		p.change("nftables", "rebuild bridge "+st.Tables.Bridge+" (box-to-box drop) and inet "+st.Tables.Guard+" (host input guard)")
+		p.change("nftables", "rebuild bridge "+st.Tables.Bridge+" (box-to-box drop), inet "+st.Tables.Guard+" (host input guard) and inet "+st.Tables.Wall+" (the wall)")
 	}
 	// Host names dnsmasq learnt while dhcp-ignore-names was off: they outlive the option.
 	if st.DNSMasqRunning && len(st.LeaseNames) > 0 {
@@ -319,8 +320,12 @@ func (h *Host) FirewallSpec(st *StackState) firewall.Spec {
 	return h.firewallSpec(st, st.Gateway)
 }
 
+// firewallSpec: the blocked ranges include every other Incus network's subnet; the uplinks
+// are left to the firewall (the interfaces of the default routes).
 func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
-	return FirewallSpec(h.Stack.Network, gw)
+	spec := FirewallSpec(h.Stack.Network, gw)
+	spec.Blocked = st.BlockedPrefixes()
+	return spec
 }
 
 // pickPool prefers the stack's pool, else the first pool the daemon has.
@@ -437,10 +442,15 @@ func keptKey(k string) bool {
 	return strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "user.")
 }
 
-// FirewallSpec is the nftables spec for a bridge and its gateway address with prefix.
+// FirewallSpec is the nftables spec for a bridge and its gateway address with prefix, blocking
+// BlockedEgress only; Host.FirewallSpec adds the other Incus networks read from the host.
 func FirewallSpec(bridge string, gateway *net.IPNet) firewall.Spec {
 	ones, _ := gateway.Mask.Size()
-	return firewall.Spec{Bridge: bridge, Gateway: gateway.IP, PrefixLen: ones}
+	spec := firewall.Spec{Bridge: bridge, Gateway: gateway.IP, PrefixLen: ones}
+	for _, c := range BlockedEgress {
+		spec.Blocked = append(spec.Blocked, netip.MustParsePrefix(c))
+	}
+	return spec
 }
 
 // PutNetworkConfig writes a network's config, keeping the volatile.* and user.* keys it has

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
@@ -140,22 +141,14 @@ func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 func (h *Host) readFirewall(st *StackState) error {
 	s := h.Stack
 	bt, gt := firewall.TableNames(s.Network)
-	st.Tables = TablesState{Bridge: bt, Guard: gt, Wall: wallTable(s.Network)}
+	st.Tables = TablesState{Bridge: bt, Guard: gt, Wall: firewall.WallTableName(s.Network)}
 	obs, err := firewall.Read(s.Network)
 	if err != nil {
 		return fmt.Errorf("reading nftables: %w", err)
 	}
-	for _, t := range obs.Tables {
-		switch {
-		case !t.Present:
-		case t.Name == bt:
-			st.Tables.BridgeOn = len(t.Chains) > 0
-		case t.Name == gt:
-			st.Tables.GuardInput = slices.ContainsFunc(t.Chains, func(c firewall.ChainState) bool { return c.Name == firewall.InputChain })
-		case t.Name == st.Tables.Wall:
-			st.Tables.WallOn = len(t.Chains) > 0
-		}
-	}
+	st.Tables.BridgeOn = obs.PartPresent(firewall.PartBridge)
+	st.Tables.GuardInput = obs.PartPresent(firewall.PartGuard)
+	st.Tables.WallOn = obs.PartPresent(firewall.PartWall)
 	if st.Gateway != nil {
 		if st.FirewallDrift, err = firewall.Check(h.FirewallSpec(st)); err != nil {
 			return fmt.Errorf("reading nftables: %w", err)
@@ -163,9 +156,6 @@ func (h *Host) readFirewall(st *StackState) error {
 	}
 	return nil
 }
-
-// wallTable is the name of claudebox's own inet table for a bridge.
-func wallTable(bridge string) string { return "claudebox_" + bridge + "_wall" }
 
 // readPorts lists the bridge's ports with their isolation flag, the box behind each, and
 // whether Incus's NIC filter chains for the port are in `table bridge incus`.
@@ -256,7 +246,8 @@ func nftList(args ...string) (string, error) {
 }
 
 // Blocked are the IPv4 ranges no box may reach: BlockedEgress, plus every other managed Incus
-// network's subnet that those ranges do not already cover.
+// network's subnet that those ranges do not already cover. (A covered subnet adds nothing but
+// churn: every test stack's 10.x network would otherwise change claudenet's ACL and wall.)
 func (st *StackState) Blocked() []string {
 	out := slices.Clone(BlockedEgress)
 	for _, o := range st.Others {
@@ -339,6 +330,17 @@ func (st *StackState) portsOf(boxes []string) []PortState {
 	for _, p := range st.Ports {
 		if slices.Contains(boxes, p.Box) {
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// BlockedPrefixes is Blocked as prefixes, for the firewall's spec.
+func (st *StackState) BlockedPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range st.Blocked() {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked())
 		}
 	}
 	return out

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
-
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
 )
@@ -65,17 +63,16 @@ type switcher struct {
 }
 
 func (sw *switcher) off(ctx context.Context, l Layer) error {
-	bt, gt := sw.st.Tables.Bridge, sw.st.Tables.Guard
 	switch l {
 	case LayerNFTBridge:
 		sw.nftChanged = true
-		return nftDelete(&nftables.Table{Name: bt, Family: nftables.TableFamilyBridge}, "")
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartBridge)
 	case LayerHostGuard:
 		sw.nftChanged = true
-		return nftDelete(&nftables.Table{Name: gt, Family: nftables.TableFamilyINet}, firewall.InputChain)
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartGuard)
 	case LayerWall:
 		sw.nftChanged = true
-		return nftDelete(&nftables.Table{Name: sw.st.Tables.Wall, Family: nftables.TableFamilyINet}, "")
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartWall)
 	case LayerBRNF:
 		sw.brnf = true
 		return errors.Join(sw.h.Kernel.SetBridgeNFCallIPTables(0), sw.h.Kernel.SetBridgeNFCallIP6Tables(0))
@@ -202,30 +199,6 @@ func restoreSysctl(was Sysctl, set func(int) error) error {
 		return nil
 	}
 	return set(was.Value)
-}
-
-// nftDelete deletes a table, or one chain of it, in one transaction.
-func nftDelete(t *nftables.Table, chain string) error {
-	cc, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	if chain == "" {
-		cc.DelTable(t)
-	} else {
-		cc.DelChain(&nftables.Chain{Name: chain, Table: t})
-	}
-	if err := cc.Flush(); err != nil {
-		return fmt.Errorf("deleting %s %s %s: %w", familyName(t.Family), t.Name, chain, err)
-	}
-	return nil
-}
-
-func familyName(f nftables.TableFamily) string {
-	if f == nftables.TableFamilyBridge {
-		return "bridge"
-	}
-	return "inet"
 }
 
 // ReadLayers reads the stack and returns one line per layer (see StackState.Layers).
