@@ -10,9 +10,10 @@ import (
 
 // Flow is one IPv4 conntrack entry, original direction.
 type Flow struct {
-	Proto    uint8      `json:"proto"`
-	Src, Dst netip.Addr `json:"-"`
-	Text     string     `json:"flow"`
+	Proto            uint8      `json:"proto"`
+	Src, Dst         netip.Addr `json:"-"`
+	SrcPort, DstPort uint16     `json:"-"`
+	Text             string     `json:"flow"`
 }
 
 // FlowsBetween lists the conntrack entries whose original direction goes from an address
@@ -28,7 +29,7 @@ func FlowsBetween(from, to []netip.Prefix) ([]Flow, error) {
 		s, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
 		d, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
 		if inAny(s, from) && inAny(d, to) {
-			out = append(out, Flow{Proto: f.Forward.Protocol, Src: s, Dst: d, Text: f.String()})
+			out = append(out, Flow{Proto: f.Forward.Protocol, Src: s, Dst: d, SrcPort: f.Forward.SrcPort, DstPort: f.Forward.DstPort, Text: f.String()})
 		}
 	}
 	return out, nil
