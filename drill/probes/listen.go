@@ -168,7 +168,12 @@ func (l *Listeners) serveUDP(port int) error {
 			var wcm *ipv4.ControlMessage
 			local := ""
 			if cm != nil {
-				wcm = &ipv4.ControlMessage{Src: cm.Dst}
+				// Answer from the address that was asked, unless it was a
+				// broadcast: no datagram can leave from one (EINVAL), and an
+				// echo to a broadcast probe (a VLAN-0 frame) is evidence.
+				if !cm.Dst.Equal(net.IPv4bcast) && !cm.Dst.IsMulticast() {
+					wcm = &ipv4.ControlMessage{Src: cm.Dst}
+				}
 				local = net.JoinHostPort(cm.Dst.String(), strconv.Itoa(bound))
 			}
 			// Record before echoing: a prober that saw its echo can rely on the hit.
@@ -205,6 +210,9 @@ func (l *Listeners) serveUDP(port int) error {
 			local := ""
 			if cm != nil {
 				wcm = &ipv6.ControlMessage{Src: cm.Dst, IfIndex: cm.IfIndex}
+				if cm.Dst.IsMulticast() { // as for IPv4 broadcast: let the kernel pick
+					wcm.Src = nil
+				}
 				if a, ok := netip.AddrFromSlice(cm.Dst); ok {
 					if a.IsLinkLocalUnicast() {
 						if ifi, err := net.InterfaceByIndex(cm.IfIndex); err == nil {

@@ -79,6 +79,7 @@ func TestMain(m *testing.M) {
 }
 
 func teardown() {
+	lanTeardown()
 	if topo.dnsmasq != nil && topo.dnsmasq.Process != nil {
 		_ = topo.dnsmasq.Process.Kill()
 		_ = topo.dnsmasq.Wait()
