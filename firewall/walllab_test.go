@@ -167,6 +167,14 @@ func newWallLab(t *testing.T) *wallLab {
 // so that no flow from an earlier phase decides a probe.
 func (l *wallLab) applyWall(t *testing.T, without ...string) {
 	t.Helper()
+	l.loadWall(t, without...)
+	l.flushConntrack(t)
+}
+
+// loadWall is applyWall keeping the conntrack table: the flows opened
+// before stay (what Incus's re-apply window leaves behind).
+func (l *wallLab) loadWall(t *testing.T, without ...string) {
+	t.Helper()
 	s := l.spec().Resolved()
 	if fmt.Sprint(s.Uplinks) != "[cbwup]" {
 		t.Fatalf("uplinks resolved from the lab's default route = %v, want [cbwup]", s.Uplinks)
@@ -191,7 +199,6 @@ func (l *wallLab) applyWall(t *testing.T, without ...string) {
 		}
 	}
 	must(t, applyRules(s, wallOnly, rules))
-	l.flushConntrack(t)
 }
 
 func (l *wallLab) noWall(t *testing.T) {
