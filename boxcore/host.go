@@ -20,6 +20,10 @@ type Host struct {
 	Stack  Stack
 	// Kernel reads and writes the host's kernel state; tests may point it elsewhere.
 	Kernel Kernel
+	// ExtraUplinks are interfaces the wall lets box egress leave by besides the default
+	// routes' (the drill admits its public decoy's veth for a run; every apply, restores
+	// included, keeps it while it is set).
+	ExtraUplinks []string
 }
 
 // NewHost returns a Host for the given stack on the local kernel.
@@ -325,6 +329,12 @@ func (h *Host) FirewallSpec(st *StackState) firewall.Spec {
 func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 	spec := FirewallSpec(h.Stack.Network, gw)
 	spec.Blocked = st.BlockedPrefixes()
+	if len(h.ExtraUplinks) > 0 {
+		ups, err := firewall.DefaultUplinks()
+		if err == nil {
+			spec.Uplinks = append(ups, h.ExtraUplinks...)
+		}
+	}
 	return spec
 }
 
