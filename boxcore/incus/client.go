@@ -192,6 +192,9 @@ func (c *Client) transportError(ctx context.Context, method, path string, err er
 	if ctx.Err() != nil {
 		return fmt.Errorf("incus: %s %s: %w", method, path, ctx.Err())
 	}
+	if c.socket != "" && errors.Is(err, os.ErrPermission) {
+		return &SocketPermissionError{Socket: c.socket, Err: err}
+	}
 	if isUnreachable(err) {
 		return &DaemonUnreachableError{Socket: c.socket, Remote: c.remoteAddr(), Err: err}
 	}

@@ -74,6 +74,20 @@ func (e *DaemonUnreachableError) Error() string {
 
 func (e *DaemonUnreachableError) Unwrap() error { return e.Err }
 
+// SocketPermissionError says the daemon's Unix socket is there but this user may not use it:
+// the daemon is running, so "start it" would be the wrong advice.
+type SocketPermissionError struct {
+	Socket string
+	Err    error
+}
+
+func (e *SocketPermissionError) Error() string {
+	return fmt.Sprintf("permission denied on the Incus socket %s: the daemon is running, but this user may not talk to it: "+
+		"run as root (sudo claudebox ...) or join the incus-admin group (sudo usermod -aG incus-admin $USER, then log in again)", e.Socket)
+}
+
+func (e *SocketPermissionError) Unwrap() error { return e.Err }
+
 // UnknownRemoteError says Connect was given a remote name the incus CLI config does not have.
 type UnknownRemoteError struct {
 	Name   string

@@ -70,6 +70,10 @@ type Snapshot struct {
 	Stateful  bool              `json:"stateful"`
 	Config    map[string]string `json:"config"`
 	ExpiresAt time.Time         `json:"expires_at"`
+	// Devices and Profiles are the snapshot's own (a clone of the snapshot gets these,
+	// not the live instance's).
+	Devices  map[string]map[string]string `json:"devices"`
+	Profiles []string                     `json:"profiles"`
 }
 
 // InstanceSource says what a new instance is made from.
@@ -190,6 +194,27 @@ func (c *Client) CreateInstance(ctx context.Context, req InstancesPost, progress
 	}
 	_, err = c.WaitOperation(ctx, op.ID, progress)
 	return err
+}
+
+// StartCreateInstance sends the create request and returns its operation id without
+// waiting, so a caller can wait for, cancel, or outlive the operation (WaitOperation,
+// CancelOperation). An empty id means the daemon answered synchronously: it is done.
+func (c *Client) StartCreateInstance(ctx context.Context, req InstancesPost) (string, error) {
+	if req.Profiles == nil {
+		req.Profiles = []string{}
+	}
+	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances", req, nil)
+	if err != nil {
+		return "", err
+	}
+	if r.Type != "async" {
+		return "", nil
+	}
+	op, err := decodeOp(r)
+	if err != nil {
+		return "", err
+	}
+	return op.ID, nil
 }
 
 // UpdateInstance replaces an instance's writable configuration (PUT). etag, when not
