@@ -1,8 +1,105 @@
 package boxcore
 
 import (
+	"fmt"
+	"slices"
+	"sort"
 	"strings"
+
+	"github.com/claudebox/claudebox/boxcore/templates"
 )
+
+// The boundary, as an allow-list: what claudebox itself puts on a box. A clone inherits only
+// this; the escape hatch warns about anything else. Both ask the same two functions, so they
+// can never disagree.
+
+// OwnConfig reports whether config key k (with value v) is one claudebox puts on a box, or
+// Incus's own bookkeeping about it:
+//
+//   - user.*                         claudebox's tags, and free-form metadata that reaches
+//     nothing outside the box (the box can read its own user.* keys anyway)
+//   - volatile.*, image.*            Incus's bookkeeping and the image's description
+//   - cloud-init.user-data, cloud-init.vendor-data   the template's first boot (runs inside)
+//   - limits.cpu, limits.memory      --cpu, --memory
+//   - a template's vm_config key with the template's value (security.secureboot=false)
+//
+// Everything else — security.*, raw.*, linux.*, limits.kernel.*, boot.*, other cloud-init
+// keys, ... — claudebox never sets, so it is not carried over.
+func OwnConfig(k, v string) bool {
+	switch {
+	case strings.HasPrefix(k, "user."), strings.HasPrefix(k, "volatile."), strings.HasPrefix(k, "image."):
+		return true
+	case k == "cloud-init.user-data", k == "cloud-init.vendor-data", k == "limits.cpu", k == "limits.memory":
+		return true
+	}
+	for _, t := range templates.List() {
+		if tv, ok := t.VMConfig[k]; ok && tv == v {
+			return true
+		}
+	}
+	return false
+}
+
+// ownRootDiskKeys are the only keys of the one device claudebox puts on a box itself: the
+// root disk `new --disk` adds, on the stack's pool.
+var ownRootDiskKeys = []string{"type", "path", "pool", "size"}
+
+// OffBoundary lists, sorted, what in an instance's (or a snapshot's) own config and devices
+// claudebox did not put there. Empty means a clone of it is a box like any other.
+func OffBoundary(config map[string]string, devices map[string]map[string]string, s Stack) []string {
+	var out []string
+	for k, v := range config {
+		if !OwnConfig(k, v) {
+			out = append(out, fmt.Sprintf("config %s=%s (claudebox never sets %s)", k, short(v), keyClass(k)))
+		}
+	}
+	for name, d := range devices {
+		if why := offDevice(name, d, s); why != "" {
+			out = append(out, why)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func offDevice(name string, d map[string]string, s Stack) string {
+	typ := d["type"]
+	switch {
+	case typ == "disk" && d["path"] == "/" && d["source"] == "":
+		if d["pool"] != s.Pool {
+			return fmt.Sprintf("device %s: the root disk on pool %s, not the stack's %s", name, d["pool"], s.Pool)
+		}
+		for k := range d {
+			if !slices.Contains(ownRootDiskKeys, k) {
+				return fmt.Sprintf("device %s: the root disk sets %s", name, k)
+			}
+		}
+		return ""
+	case typ == "disk" && d["source"] != "" && d["pool"] == "":
+		return fmt.Sprintf("device %s: a disk mounting the host's %s at %s", name, d["source"], d["path"])
+	case typ == "disk":
+		return fmt.Sprintf("device %s: an extra disk (%s)", name, firstNonEmpty(d["source"], d["path"]))
+	case typ == "nic":
+		return fmt.Sprintf("device %s: a NIC of its own (%s), overriding the stack's %s", name, firstNonEmpty(d["network"], d["parent"], d["nictype"]), s.Network)
+	case typ == "proxy":
+		return fmt.Sprintf("device %s: a proxy device (a path between the host and the box: %s -> %s)", name, d["listen"], d["connect"])
+	}
+	return fmt.Sprintf("device %s: a %s device, which claudebox never adds", name, firstNonEmpty(typ, "typeless"))
+}
+
+func keyClass(k string) string {
+	if ns, _, ok := strings.Cut(k, "."); ok {
+		return ns + ".* keys"
+	}
+	return k
+}
+
+func short(v string) string {
+	if len(v) > 40 {
+		return v[:37] + "..."
+	}
+	return v
+}
 
 // HatchArgs substitutes the instance name for every "{}" in the escape hatch's arguments, or
 // appends it when there is none. ref is the instance as the incus CLI names it ("box", or
@@ -21,6 +118,33 @@ func HatchArgs(args []string, ref string) []string {
 		out = append(out, ref)
 	}
 	return out
+}
+
+// HatchOtherInstance returns the first instance other than box that the escape hatch's
+// arguments name (as NAME, REMOTE:NAME, NAME/SNAP, NAME/PATH or /1.0/instances/NAME in a
+// query), or "". names are the instances the daemon has. Only the incus command's own part
+// is looked at: what follows an exec's "--" is a command inside the box.
+func HatchOtherInstance(args []string, box string, names []string) string {
+	known := map[string]bool{}
+	for _, n := range names {
+		known[n] = true
+	}
+	for i, a := range args {
+		if a == "--" && execTail(args, i) {
+			break
+		}
+		cand := a
+		if rest, ok := strings.CutPrefix(a, "/1.0/instances/"); ok {
+			cand, _, _ = strings.Cut(rest, "?")
+		} else if i := strings.IndexByte(cand, ':'); i >= 0 && !strings.ContainsAny(cand[:i], "=/.") {
+			cand = cand[i+1:]
+		}
+		cand, _, _ = strings.Cut(cand, "/")
+		if cand != "" && cand != box && known[cand] {
+			return cand
+		}
+	}
+	return ""
 }
 
 // offStackWords are arguments that can attach, detach or reconfigure what isolates a box.
@@ -43,12 +167,15 @@ var offStackWords = map[string]string{
 	"move":          "placement or network (move)",
 }
 
-// offStackPrefixes are config keys that change the trust boundary itself.
-var offStackPrefixes = []string{"security.", "raw.", "linux.", "volatile.", "nic.", "limits.kernel."}
+// configNamespaces are the first words of Incus instance and device config keys: an argument
+// starting with one of them (and a dot) is a key, checked against OwnConfig.
+var configNamespaces = []string{"security", "raw", "linux", "limits", "boot", "cloud-init", "volatile", "image",
+	"user", "snapshots", "migration", "nvidia", "cluster", "agent", "environment", "ipv4", "ipv6", "nic", "acls"}
 
 // ClassifyHatch says why escape-hatch arguments could move a box off the isolation stack; an
 // empty answer means nothing in them looks like it could. It errs on the side of warning: a
-// warning costs a line, a silent hole costs the box.
+// warning costs a line, a silent hole costs the box. Config keys are judged by the same
+// allow-list a clone is (OwnConfig).
 func ClassifyHatch(args []string) []string {
 	seen := map[string]bool{}
 	var reasons []string
@@ -58,29 +185,66 @@ func ClassifyHatch(args []string) []string {
 			reasons = append(reasons, r)
 		}
 	}
-	for _, a := range args {
+	query, method, data := false, "GET", false
+	for i, a := range args {
+		if a == "--" && execTail(args, i) {
+			break // a command inside the box
+		}
 		l := strings.ToLower(strings.TrimSpace(a))
-		key := l
-		if k, _, ok := strings.Cut(l, "="); ok {
-			key = k
+		switch {
+		case l == "query":
+			query = true
+		case (l == "-x" || l == "--request") && i+1 < len(args):
+			method = strings.ToUpper(args[i+1])
+		case strings.HasPrefix(l, "--request="):
+			method = strings.ToUpper(strings.TrimPrefix(a, "--request="))
+		case l == "-d" || l == "--data" || strings.HasPrefix(l, "--data="):
+			data = true
 		}
 		if flag, v, ok := strings.Cut(l, "="); ok && strings.HasPrefix(flag, "-") {
 			if r, risky := offStackWords[flag]; risky {
 				add("it changes " + r)
 			}
-			key = v
+			l = v
 		}
-		if r, ok := offStackWords[l]; ok {
+		if r, ok := offStackWords[l]; ok && !query {
 			add("it changes " + r)
 		}
-		for _, p := range offStackPrefixes {
-			if strings.HasPrefix(key, p) || strings.Contains(key, "."+p) {
-				add("it sets " + strings.TrimSuffix(p, ".") + ".* keys")
+		key, val, _ := strings.Cut(strings.TrimSpace(a), "=")
+		if ns, _, ok := strings.Cut(strings.ToLower(key), "."); ok && slices.Contains(configNamespaces, ns) {
+			if !hasValue(a) && i+1 < len(args) {
+				val = args[i+1]
+			}
+			if !OwnConfig(strings.ToLower(key), val) {
+				add("it sets " + ns + ".* keys (" + key + "), which claudebox never puts on a box")
 			}
 		}
-		if strings.Contains(key, "port_isolation") || strings.Contains(key, "acls") {
-			add("it changes network isolation keys")
-		}
+	}
+	if query && (method != "GET" || data) {
+		add("it writes to the Incus API directly (query " + method + "): nothing checks what it changes")
 	}
 	return reasons
+}
+
+// execTail reports whether the "--" at args[i] begins a command inside the box: only for
+// `exec`. Elsewhere the incus CLI reads a "--" as the end of its flags, and what follows is
+// still its own arguments (`config set BOX -- security.privileged=true`).
+func execTail(args []string, i int) bool {
+	for _, a := range args[:i] {
+		if !strings.HasPrefix(a, "-") {
+			return strings.EqualFold(a, "exec")
+		}
+	}
+	return false
+}
+
+func hasValue(a string) bool { return strings.Contains(a, "=") }
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return "?"
 }

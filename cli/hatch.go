@@ -22,6 +22,18 @@ func incusHatch(c *Ctx) error {
 		ref = r + ":" + ref
 	}
 	full := boxcore.HatchArgs(args, ref)
+	// The rail: the hatch acts on its box, never on an instance claudebox did not mint.
+	insts, err := c.Client.Instances(c.Context.Context, nil, false)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(insts))
+	for _, in := range insts {
+		names = append(names, in.Name)
+	}
+	if other := boxcore.HatchOtherInstance(full, c.Box.Name, names); other != "" {
+		return boxcore.Usagef("incus: the arguments name instance %s, not box %s: the escape hatch acts on its box only ({} stands for it); nothing was run", other, c.Box.Name)
+	}
 	if reasons := boxcore.ClassifyHatch(full); len(reasons) > 0 {
 		c.Warn("claudebox: warning: this could move box %s off the isolation stack (%s); from here the trust boundary is yours to keep",
 			c.Box.Name, strings.Join(reasons, "; "))
