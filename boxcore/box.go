@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strconv"
+	"strings"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
@@ -55,4 +57,55 @@ func Resolve(ctx context.Context, c *incus.Client, name string) (*Box, error) {
 		return nil, NoSuchBox(name)
 	}
 	return &Box{Name: in.Name, Instance: in, ETag: etag}, nil
+}
+
+var (
+	cpuCountRE = regexp.MustCompile(`^[0-9]+$`)
+	cpuSetRE   = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
+	sizeRE     = regexp.MustCompile(`^([0-9]+(\.[0-9]+)?)(B|kB|MB|GB|TB|PB|EB|KiB|MiB|GiB|TiB|PiB|EiB)?$`)
+	percentRE  = regexp.MustCompile(`^([0-9]+)%$`)
+)
+
+// ValidateResources checks --cpu, --memory and --disk before anything reaches Incus, and says
+// what to type instead. Empty means "the template's default".
+func ValidateResources(cpu, memory, disk string) error {
+	if cpu != "" {
+		ok := false
+		if cpuCountRE.MatchString(cpu) {
+			n, err := strconv.Atoi(cpu)
+			ok = err == nil && n >= 1
+		} else if cpuSetRE.MatchString(cpu) {
+			ok = true
+			for _, part := range strings.Split(cpu, ",") {
+				if lo, hi, isRange := strings.Cut(part, "-"); isRange {
+					a, _ := strconv.Atoi(lo)
+					b, _ := strconv.Atoi(hi)
+					ok = ok && a <= b
+				}
+			}
+		}
+		if !ok {
+			return Usagef("new: --cpu %q: want a number of CPUs, 1 or more (e.g. --cpu 2), or a set of CPUs to pin (e.g. --cpu 0-3 or --cpu 0,2)", cpu)
+		}
+	}
+	if memory != "" && !positiveSize(memory, true) {
+		return Usagef("new: --memory %q: want a size above zero with a unit, e.g. --memory 4GiB or 512MiB (units B, kB, MB, GB, KiB, MiB, GiB, TiB), or a share of the host's, e.g. 50%%", memory)
+	}
+	if disk != "" && !positiveSize(disk, false) {
+		return Usagef("new: --disk %q: want a size above zero with a unit, e.g. --disk 20GiB or 500MiB (units B, kB, MB, GB, KiB, MiB, GiB, TiB)", disk)
+	}
+	return nil
+}
+
+func positiveSize(s string, percent bool) bool {
+	if m := percentRE.FindStringSubmatch(s); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return percent && n > 0 && n <= 100
+	}
+	m := sizeRE.FindStringSubmatch(s)
+	if m == nil {
+		return false
+	}
+	f, err := strconv.ParseFloat(m[1], 64)
+	return err == nil && f > 0
 }

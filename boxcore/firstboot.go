@@ -111,7 +111,10 @@ func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error 
 	if fb.Timeout <= 0 {
 		fb.Timeout = DefaultFirstBootTimeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, fb.Timeout)
+	// The bound is told apart from the caller's context ending (an interrupt): only the
+	// bound is "did not finish within".
+	errBound := fmt.Errorf("cloud-init did not finish within %s", fb.Timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, fb.Timeout, errBound)
 	defer cancel()
 	res, err := bs.ExecWhenReady(ctx, b.Name, templates.WaitCommand())
 	if err != nil {
@@ -125,7 +128,10 @@ func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error 
 			return nil
 		}
 		if ctx.Err() != nil {
-			return bs.firstBootFailure(b.Name, fmt.Sprintf("cloud-init did not finish within %s", fb.Timeout))
+			if cause := context.Cause(ctx); cause != errBound {
+				return fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, cause)
+			}
+			return bs.firstBootFailure(b.Name, errBound.Error())
 		}
 		return fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, err)
 	}

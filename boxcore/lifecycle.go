@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
@@ -54,6 +57,9 @@ type NewOptions struct {
 	KeepFailed bool
 	// Timings, when set, receives how long each part of the mint took.
 	Timings *MintTimings
+	// Type, when set ("container" or "virtual-machine"), is the type the user asked for
+	// explicitly; a clone of a source of the other type is refused.
+	Type string
 }
 
 // MintTimings splits a mint's wall time.
@@ -70,8 +76,12 @@ type Progress struct {
 	Text    string
 }
 
-// New mints a box: image or clone, profile exactly [stack profile], tags, started. Whatever
-// fails, no half-made instance of this call is left behind.
+// New mints a box: image or clone, profile exactly [stack profile], tags, started, first boot
+// waited for. All or nothing: whatever fails — a bad flag, the create, the start, cloud-init,
+// its timeout, or ctx ending (SIGINT, SIGTERM) — no instance of this call is left behind.
+// The Incus operation in flight is cancelled or awaited, and the half-made instance removed
+// with a context of its own, so an interrupt cannot cut the cleanup short. Until the mint
+// is complete the box carries tagMint, and list/info show it as MINTING, never as ready.
 func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err := ValidateName(o.Name); err != nil {
 		return nil, err
@@ -79,8 +89,24 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
 		return nil, Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
 	}
-	// Neither the stack nor a free name is checked up front: the create fails on either, and
-	// its failure is explained below. Every round trip counts in a verb typed all day.
+	if err := ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
+		return nil, err
+	}
+	if o.From != "" {
+		if _, _, err := ParseFrom(o.From); err != nil {
+			return nil, err
+		}
+	}
+	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
+		return nil, err
+	}
+	// Two `new` of one name on this host: the second says so at once instead of racing the
+	// first inside the daemon (where a losing create can take the winner down with it).
+	unlock, err := lockMint(bs.Client.Remote(), o.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 
 	token := randomToken()
 	now := time.Now().UTC().Format(time.RFC3339)
@@ -99,6 +125,11 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		src, snap, err := bs.resolveSource(ctx, o.From)
 		if err != nil {
 			return nil, err
+		}
+		if o.Type != "" && o.Type != src.Instance.Type {
+			flag := map[string]string{"virtual-machine": "--vm", "container": "--container"}[o.Type]
+			return nil, Usagef("new: %s asks for a %s, but %s is a %s and a clone keeps its source's type: drop %s (or clone a %s)",
+				flag, typeWord(o.Type), src.Name, typeWord(src.Instance.Type), flag, typeWord(o.Type))
 		}
 		cloneFrom = src
 		req.Type = src.Instance.Type
@@ -127,6 +158,13 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		if err != nil {
 			return nil, err
 		}
+		if src.Server == "" {
+			if _, err := bs.Client.ImageAlias(ctx, src.Alias); errors.Is(err, incus.ErrNotFound) {
+				return nil, Usagef("new: no image %q on this daemon: see 'incus image list' for local aliases, or name a remote image as REMOTE:ALIAS (e.g. images:debian/12/cloud)", o.Image)
+			} else if err != nil && ctx.Err() == nil {
+				return nil, err
+			}
+		}
 		req.Source = src
 		cfg[TagOrigin], cfg[TagFrom] = "fresh", o.Image
 		if o.CPU != "" {
@@ -143,12 +181,28 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		cfg[k] = v
 	}
 	req.Config = cfg
+	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
+		return nil, err
+	}
 
 	progress := func(p Progress) {
 		if o.Progress != nil {
 			o.Progress(p)
 		}
 	}
+	// fail removes what this call made and says why. When ctx ended, the why is the interrupt,
+	// whatever error the cut-short step returned.
+	fail := func(stage string, err error) (*Box, error) {
+		left := bs.discard(o.Name, token)
+		if ierr := interrupted(ctx, o.Name, stage, left != nil); ierr != nil {
+			return nil, ierr
+		}
+		if left != nil {
+			err = fmt.Errorf("%w\n(and the half-made box could not be removed: %v; remove it with: claudebox rm %s --force)", err, left, o.Name)
+		}
+		return nil, err
+	}
+
 	started := time.Now()
 	progress(Progress{Stage: "create", Percent: -1, Text: "creating " + o.Name})
 	var onProgress func(incus.ProgressEvent)
@@ -157,8 +211,10 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 			progress(Progress{Stage: "download", Percent: ev.Percent, Text: ev.Text})
 		}
 	}
-	err := bs.Client.CreateInstance(ctx, req, onProgress)
-	if err != nil {
+	if err := bs.create(ctx, req, onProgress); err != nil {
+		if ctx.Err() != nil {
+			return fail("creating", err)
+		}
 		bs.discard(o.Name, token)
 		if errors.Is(err, incus.ErrConflict) || bs.heldByOther(o.Name, token) {
 			return nil, Usagef("new: an instance named %s already exists: pick another --name", o.Name)
@@ -171,14 +227,23 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if cloneFrom != nil && req.Type == "container" {
 		// Same machine-id, same DHCP client id, same lease: reset it so systemd makes a new one.
 		if err := bs.resetMachineID(ctx, o.Name); err != nil {
-			bs.discard(o.Name, token)
-			return nil, err
+			return fail("preparing", err)
 		}
 	}
+	if ctx.Err() != nil {
+		return fail("creating", ctx.Err())
+	}
 	progress(Progress{Stage: "start", Percent: -1, Text: "starting " + o.Name})
-	if err := bs.Client.SetState(ctx, o.Name, "start", false, 0); err != nil {
-		bs.discard(o.Name, token)
-		return nil, fmt.Errorf("new: starting %s: %w", o.Name, err)
+	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
+	// instance is then removed from a known state rather than mid-start.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	err = bs.Client.SetState(sctx, o.Name, "start", false, 0)
+	scancel()
+	if err != nil {
+		return fail("starting", fmt.Errorf("new: starting %s: %w", o.Name, err))
+	}
+	if ctx.Err() != nil {
+		return fail("starting", ctx.Err())
 	}
 	// The box as we made it; no need to ask the daemon what it just told us.
 	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: cfg, Profiles: req.Profiles, Devices: req.Devices}}
@@ -189,19 +254,101 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if o.FirstBoot != nil {
 		progress(Progress{Stage: "first boot", Percent: -1, Text: "waiting for cloud-init in " + o.Name + " (packages, Claude Code)"})
 		if err := bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
-			if !o.KeepFailed || ctx.Err() != nil {
-				bs.discard(o.Name, token)
-			} else {
-				err = fmt.Errorf("%w\n(kept for inspection: claudebox shell %s; remove with claudebox rm %s --force)", err, o.Name, o.Name)
+			if ctx.Err() != nil || !o.KeepFailed {
+				return fail("waiting for the first boot of", err)
 			}
-			return nil, err
+			return nil, fmt.Errorf("%w\n(kept for inspection: claudebox shell %s; remove with claudebox rm %s --force)", err, o.Name, o.Name)
 		}
 		if o.Timings != nil {
 			o.Timings.FirstBoot = time.Since(launched)
 			o.Timings.ClaudeInstall = bs.claudeInstallTime(ctx, o.Name)
 		}
 	}
+	if ctx.Err() != nil {
+		return fail("finishing", ctx.Err())
+	}
+	// Done: drop the mint marker. From here the box is a box like any other.
+	if err := bs.finishMint(ctx, o.Name, token); err != nil {
+		return fail("finishing", err)
+	}
+	delete(box.Instance.Config, tagMint)
 	return box, nil
+}
+
+// create sends the create request and waits for its operation. The request itself is sent
+// with a context that does not end with ctx (a POST cut off mid-flight may still create the
+// instance, with no operation id to follow). When ctx ends during the wait, the operation is
+// cancelled if the daemon allows it, and awaited either way, so that the instance is removed
+// only once nothing is still making it.
+func (bs *Boxes) create(ctx context.Context, req incus.InstancesPost, progress func(incus.ProgressEvent)) error {
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	id, err := bs.Client.StartCreateInstance(pctx, req)
+	pcancel()
+	if err != nil || id == "" {
+		return err
+	}
+	_, err = bs.Client.WaitOperation(ctx, id, progress)
+	if ctx.Err() == nil {
+		return err
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer wcancel()
+	_ = bs.Client.CancelOperation(wctx, id)
+	_, _ = bs.Client.WaitOperation(wctx, id, nil)
+	return ctx.Err()
+}
+
+// finishMint drops the mint marker of this call's box.
+func (bs *Boxes) finishMint(ctx context.Context, name, token string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	in, etag, err := bs.Client.Instance(ctx, name)
+	if err != nil {
+		return fmt.Errorf("new: finishing %s: %w", name, err)
+	}
+	if in.Config[tagMint] != token {
+		return fmt.Errorf("new: finishing %s: the instance is no longer this mint's", name)
+	}
+	put := in.Writable()
+	delete(put.Config, tagMint)
+	if err := bs.Client.UpdateInstance(ctx, name, put, etag); err != nil {
+		return fmt.Errorf("new: finishing %s: %w", name, err)
+	}
+	return nil
+}
+
+// InterruptedError says `new` was stopped by its context ending (SIGINT, SIGTERM: the
+// Cause), and what became of the half-made box.
+type InterruptedError struct {
+	Name  string
+	Stage string // "creating", "starting", "waiting for the first boot of", ...
+	Cause error
+	Left  bool // the half-made box could not be removed
+}
+
+func (e *InterruptedError) Error() string {
+	msg := fmt.Sprintf("new: interrupted (%v) while %s %s", e.Cause, e.Stage, e.Name)
+	if e.Left {
+		return msg + "; the half-made box could not be removed: claudebox rm " + e.Name + " --force"
+	}
+	return msg + "; nothing was left behind"
+}
+
+func (e *InterruptedError) Unwrap() error { return e.Cause }
+
+// interrupted returns an *InterruptedError when ctx has ended, else nil.
+func interrupted(ctx context.Context, name, stage string, left bool) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return &InterruptedError{Name: name, Stage: stage, Cause: context.Cause(ctx), Left: left}
+}
+
+func typeWord(t string) string {
+	if t == "virtual-machine" {
+		return "VM"
+	}
+	return t
 }
 
 // checkStack refuses to mint onto a host without the isolation stack: a box without its
@@ -216,19 +363,37 @@ func (bs *Boxes) checkStack(ctx context.Context) error {
 	return nil
 }
 
-// discard deletes a half-made instance of this call, and only that. It runs detached from the
-// caller's context, so an interrupted `new` still cleans up.
-func (bs *Boxes) discard(name, token string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+// discard deletes a half-made instance of this call, and only that, and returns nil once no
+// instance of this call exists. It runs detached from the caller's context, so an interrupted
+// `new` still cleans up; an instance still busy with an operation is retried for a while.
+func (bs *Boxes) discard(name, token string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	in, _, err := bs.Client.Instance(ctx, name)
-	if err != nil || in.Config[tagMint] != token {
-		return
+	var last error
+	for attempt := 0; ; attempt++ {
+		in, _, err := bs.Client.Instance(ctx, name)
+		if errors.Is(err, incus.ErrNotFound) {
+			return nil
+		}
+		if err == nil && in.Config[tagMint] != token {
+			return nil // not ours (a racing mint's, or anything else): never touched
+		}
+		if err == nil {
+			if in.Status != "Stopped" {
+				_ = bs.Client.SetState(ctx, name, "stop", true, 0)
+			}
+			err = bs.Client.DeleteInstance(ctx, name)
+			if err == nil || errors.Is(err, incus.ErrNotFound) {
+				return nil
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return last
+		case <-time.After(time.Duration(attempt+1) * 250 * time.Millisecond):
+		}
 	}
-	if in.Status != "Stopped" {
-		_ = bs.Client.SetState(ctx, name, "stop", true, 0)
-	}
-	_ = bs.Client.DeleteInstance(ctx, name)
 }
 
 // heldByOther reports whether the name is taken by an instance this call did not make: a
@@ -238,6 +403,46 @@ func (bs *Boxes) heldByOther(name, token string) bool {
 	defer cancel()
 	in, _, err := bs.Client.Instance(ctx, name)
 	return err == nil && in.Config[tagMint] != token
+}
+
+// lockMint takes this host's lock on minting a name (per remote), without waiting: a second
+// `new` of the same name is told at once. The lock lives in /run/lock (a tmpfs, sticky and
+// world-writable) and dies with the process. Where no lock can be taken, the daemon's own
+// name check is what remains.
+func lockMint(remote, name string) (func(), error) {
+	dir := "/run/lock"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = os.TempDir()
+	}
+	if remote == "" {
+		remote = "local"
+	}
+	path := filepath.Join(dir, "claudebox-new-"+strings.Map(func(r rune) rune {
+		if r == '/' || r == ':' {
+			return '_'
+		}
+		return r
+	}, remote)+"-"+name+".lock")
+	// Not O_CREAT on a file someone else made: fs.protected_regular forbids that in sticky
+	// directories.
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		f, err = os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o644)
+		if errors.Is(err, os.ErrExist) {
+			f, err = os.Open(path)
+		}
+	}
+	if err != nil {
+		return func() {}, nil
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, Usagef("new: another 'claudebox new' is making %s right now: pick another --name (or wait for it: claudebox list)", name)
+		}
+		return func() {}, nil
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }
 
 func (bs *Boxes) resetMachineID(ctx context.Context, name string) error {
@@ -253,56 +458,44 @@ func (bs *Boxes) resetMachineID(ctx context.Context, name string) error {
 	return nil
 }
 
-// resolveSource resolves --from SRC[/SNAP]: the source must be a box, the snapshot must exist,
-// and nothing in it may take the clone off the isolation stack.
-func (bs *Boxes) resolveSource(ctx context.Context, from string) (*Box, string, error) {
-	name, snap, _ := strings.Cut(from, "/")
-	src, err := Resolve(ctx, bs.Client, name)
-	if err != nil {
-		return nil, "", err
-	}
-	if snap != "" {
-		if _, err := bs.FindSnapshot(ctx, src, snap); err != nil {
-			return nil, "", err
-		}
-	}
-	if err := bs.cloneable(src); err != nil {
-		return nil, "", err
+// ParseFrom splits --from SRC[/SNAP].
+func ParseFrom(from string) (src, snap string, err error) {
+	src, snap, hasSnap := strings.Cut(from, "/")
+	if src == "" || (hasSnap && (snap == "" || strings.Contains(snap, "/"))) {
+		return "", "", Usagef("new: --from %q: want a box, or a box and one of its snapshots: --from BOX or --from BOX/SNAP (e.g. --from work/authed)", from)
 	}
 	return src, snap, nil
 }
 
-// cloneable refuses sources whose own config or devices would leave the stack: a NIC on
-// another network, or any security.* setting. Copying them would clone the hole too.
-func (bs *Boxes) cloneable(src *Box) error {
-	for k := range src.Instance.Config {
-		if strings.HasPrefix(k, "security.") || strings.HasPrefix(k, "raw.") {
-			return Usagef("new --from %s: the source sets %s, which changes the isolation; claudebox will not copy it (remove it from the source with 'claudebox incus %s -- config unset {} %s')", src.Name, k, src.Name, k)
-		}
+// resolveSource resolves --from SRC[/SNAP]: the source must be a box, the snapshot must exist,
+// and what the clone would inherit — the snapshot's config and devices when a snapshot is
+// named, not the live box's — must be what claudebox itself puts on a box.
+func (bs *Boxes) resolveSource(ctx context.Context, from string) (*Box, string, error) {
+	name, snap, err := ParseFrom(from)
+	if err != nil {
+		return nil, "", err
 	}
-	for dev, d := range src.Instance.Devices {
-		for k := range d {
-			if strings.HasPrefix(k, "security.") {
-				return Usagef("new --from %s: device %s sets %s; claudebox will not copy it", src.Name, dev, k)
-			}
-		}
-		if d["type"] == "nic" && d["network"] != bs.Stack.Network {
-			return Usagef("new --from %s: device %s attaches to %s, not %s; claudebox will not copy it", src.Name, dev, firstNonEmpty(d["network"], d["parent"], d["nictype"]), bs.Stack.Network)
-		}
-		if d["type"] == "proxy" || d["type"] == "unix-char" || d["type"] == "unix-block" || d["type"] == "gpu" || d["type"] == "usb" {
-			return Usagef("new --from %s: device %s (%s) reaches outside the box; claudebox will not copy it", src.Name, dev, d["type"])
-		}
+	src, err := Resolve(ctx, bs.Client, name)
+	if err != nil {
+		return nil, "", err
 	}
-	return nil
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, x := range s {
-		if x != "" {
-			return x
-		}
+	if _, minting := src.Instance.Config[tagMint]; minting {
+		return nil, "", Usagef("new --from %s: %s is still being minted (or its mint died): clone a finished box", from, src.Name)
 	}
-	return "?"
+	cfg, devices := src.Instance.Config, src.Instance.Devices
+	if snap != "" {
+		s, err := bs.FindSnapshot(ctx, src, snap)
+		if err != nil {
+			return nil, "", err
+		}
+		cfg, devices = s.Config, s.Devices
+	}
+	if off := OffBoundary(cfg, devices, bs.Stack); len(off) > 0 {
+		return nil, "", Usagef("new --from %s: the source carries what claudebox never puts on a box, so a clone would inherit a hole:\n  %s\nnothing was created. Clone a box (or snapshot) without them; on a live box, remove them with 'claudebox incus %s -- config unset {} KEY' or '... config device remove {} DEVICE'",
+			from, strings.Join(off, "\n  "), src.Name)
+	}
+	src.Instance.Config, src.Instance.Devices = cfg, devices
+	return src, snap, nil
 }
 
 // FindSnapshot returns a box's snapshot by name, or "no snapshot" as a usage error.

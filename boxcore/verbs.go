@@ -43,25 +43,58 @@ type Summary struct {
 	Created   time.Time `json:"created" yaml:"created"`
 }
 
-// List returns every box, in one request.
+// List returns every box. One filtered request with state (recursion=2) finds the boxes. Incus
+// leaves out of that answer — or reports with an empty config — an instance in the middle of
+// a state change (measured on 6.0.4: it collects the state and fails). A second request,
+// run alongside, lists every instance without state (recursion=1, which shows the config even
+// then); a box found only there is listed with its status and whatever state it gives, so
+// a box that is starting or stopping is shown instead of vanishing.
 func (bs *Boxes) List(ctx context.Context) ([]Summary, error) {
+	var all []incus.Instance
+	var allErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		all, allErr = bs.Client.Instances(ctx, nil, false)
+	}()
 	insts, err := bs.Client.Instances(ctx, map[string]string{TagKey: "1"}, true)
+	<-done
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Summary, 0, len(insts))
+	seen := map[string]bool{}
 	for _, in := range insts {
 		if !IsBox(in) { // the server filtered; this guards a daemon that ignored the filter
 			continue
 		}
+		seen[in.Name] = true
 		out = append(out, summarize(in))
+	}
+	if allErr == nil {
+		for _, in := range all {
+			if seen[in.Name] || !IsBox(in) {
+				continue
+			}
+			if st, err := bs.Client.InstanceState(ctx, in.Name); err == nil {
+				in.State = &st
+			}
+			out = append(out, summarize(in))
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
+// StateMinting is the state list and info show for a box whose `new` has not finished (or
+// died before it could clean up): never a ready box.
+const StateMinting = "MINTING"
+
 func summarize(in incus.Instance) Summary {
 	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt, IPv4: []string{}}
+	if _, minting := in.Config[tagMint]; minting {
+		s.State = StateMinting
+	}
 	if in.State != nil {
 		s.IPv4 = ipv4s(*in.State)
 	}
@@ -154,7 +187,9 @@ var snapRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // Snapshot checkpoints a box; an empty label becomes a time-based one. It returns the label.
 func (bs *Boxes) Snapshot(ctx context.Context, b *Box, label string) (string, error) {
 	if label == "" {
-		label = "snap-" + time.Now().UTC().Format("20060102-150405")
+		// The time to the second, and a random suffix: two snapshots within one second
+		// (or from two processes) never collide.
+		label = "snap-" + time.Now().UTC().Format("20060102-150405") + "-" + randomToken()[:6]
 	}
 	if !snapRE.MatchString(label) {
 		return "", Usagef("snapshot: invalid label %q: letters, digits, '.', '_' and '-', up to 63", label)

@@ -75,9 +75,28 @@ func StackFromEnv() boxcore.Stack {
 func Run(env *Env, args []string) int {
 	code := 0
 	app := NewApp(env, &code)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(&signalError{s.(syscall.Signal)})
+		case <-ctx.Done():
+		}
+	}()
 	err := app.RunContext(ctx, permuteFlags(args))
+	// An interrupted command exits 128+signal (130 on SIGINT, 143 on SIGTERM), as a shell
+	// reports it, whatever the action made of the cut-short step. A command that finished
+	// its work although the signal came in at the very end succeeded: `new` then made a
+	// whole box, and says so with exit 0.
+	var se *signalError
+	if cause := context.Cause(ctx); err != nil && errors.As(cause, &se) {
+		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		return 128 + int(se.sig)
+	}
 	if err == nil {
 		return code
 	}
@@ -92,6 +111,19 @@ func Run(env *Env, args []string) int {
 		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
 		return 1
 	}
+}
+
+// signalError is the cause of the command's context when a signal ended it.
+type signalError struct{ sig syscall.Signal }
+
+func (e *signalError) Error() string {
+	switch e.sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return e.sig.String()
 }
 
 func isFlagError(err error) bool {

@@ -147,11 +147,26 @@ func newBox(c *Ctx) error {
 		CPU: c.String("cpu"), Memory: c.String("memory"), Disk: c.String("disk"),
 		KeepFailed: c.Bool("keep-failed"),
 	}
-	if o.From != "" && c.String("template") != "" {
+	if o.From != "" && (c.String("template") != "" || o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
 		return boxcore.Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
 	}
 	if err := boxcore.ValidateName(o.Name); err != nil {
 		return err
+	}
+	// Everything that can be checked without the daemon is, before it is asked anything.
+	if err := boxcore.ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
+		return err
+	}
+	if o.From != "" {
+		if _, _, err := boxcore.ParseFrom(o.From); err != nil {
+			return err
+		}
+		switch {
+		case c.Bool("vm"):
+			o.Type = "virtual-machine"
+		case c.Bool("container"):
+			o.Type = "container"
+		}
 	}
 	if o.From == "" {
 		o.VM = !c.Bool("container")
@@ -292,6 +307,9 @@ func infoBox(c *Ctx) error {
 	}
 	c.Out("name:      %s", info.Name)
 	c.Out("state:     %s", info.State)
+	if info.State == boxcore.StateMinting {
+		c.Out("           not ready: a 'claudebox new' is still making it, or died before it could clean up (then: claudebox rm %s --force)", info.Name)
+	}
 	c.Out("type:      %s", info.Type)
 	c.Out("profiles:  %s", strings.Join(info.Profiles, ", "))
 	c.Out("created:   %s", info.Created.UTC().Format(time.RFC3339))
