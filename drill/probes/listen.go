@@ -152,35 +152,7 @@ func (l *Listeners) serveUDP(port int) error {
 	}
 	bound := c4.LocalAddr().(*net.UDPAddr).Port
 	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		buf := make([]byte, 65536)
-		var bo backoff
-		for {
-			n, cm, from, err := p4.ReadFrom(buf)
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
-					return
-				}
-				continue
-			}
-			bo.reset()
-			var wcm *ipv4.ControlMessage
-			local := ""
-			if cm != nil {
-				// Answer from the address that was asked, unless it was a
-				// broadcast: no datagram can leave from one (EINVAL), and an
-				// echo to a broadcast probe (a VLAN-0 frame) is evidence.
-				if !cm.Dst.Equal(net.IPv4bcast) && !cm.Dst.IsMulticast() {
-					wcm = &ipv4.ControlMessage{Src: cm.Dst}
-				}
-				local = net.JoinHostPort(cm.Dst.String(), strconv.Itoa(bound))
-			}
-			// Record before echoing: a prober that saw its echo can rely on the hit.
-			l.record(Hit{Proto: "udp", Port: bound, Peer: from.String(), Local: local, Payload: truncate(string(buf[:n]), 64)})
-			_, _ = p4.WriteTo(buf[:n], wcm, from)
-		}
-	}()
+	go l.echoLoop(bound, read4(p4, bound))
 	c6, err := net.ListenPacket("udp6", "[::]:"+strconv.Itoa(bound))
 	if err != nil {
 		// A box with IPv6 switched off still serves IPv4.
@@ -193,41 +165,79 @@ func (l *Listeners) serveUDP(port int) error {
 		return fmt.Errorf("udp6 listener on %d: pktinfo: %w", port, err)
 	}
 	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		buf := make([]byte, 65536)
-		var bo backoff
-		for {
-			n, cm, from, err := p6.ReadFrom(buf)
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
-					return
-				}
-				continue
-			}
-			bo.reset()
-			var wcm *ipv6.ControlMessage
-			local := ""
-			if cm != nil {
-				wcm = &ipv6.ControlMessage{Src: cm.Dst, IfIndex: cm.IfIndex}
-				if cm.Dst.IsMulticast() { // as for IPv4 broadcast: let the kernel pick
-					wcm.Src = nil
-				}
-				if a, ok := netip.AddrFromSlice(cm.Dst); ok {
-					if a.IsLinkLocalUnicast() {
-						if ifi, err := net.InterfaceByIndex(cm.IfIndex); err == nil {
-							a = a.WithZone(ifi.Name)
-						}
-					}
-					local = netip.AddrPortFrom(a, uint16(bound)).String()
-				}
-			}
-			// Record before echoing: a prober that saw its echo can rely on the hit.
-			l.record(Hit{Proto: "udp", Port: bound, Peer: from.String(), Local: local, Payload: truncate(string(buf[:n]), 64)})
-			_, _ = p6.WriteTo(buf[:n], wcm, from)
-		}
-	}()
+	go l.echoLoop(bound, read6(p6, bound))
 	return nil
+}
+
+// readEcho reads one datagram and returns who sent it, the local address it
+// reached, and how to echo it from there.
+type readEcho func(buf []byte) (n int, from net.Addr, local string, echo func([]byte), err error)
+
+// echoLoop records and echoes every datagram until the socket closes.
+func (l *Listeners) echoLoop(port int, read readEcho) {
+	defer l.wg.Done()
+	buf := make([]byte, 65536)
+	var bo backoff
+	for {
+		n, from, local, echo, err := read(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || !bo.wait(l.done) {
+				return
+			}
+			continue
+		}
+		bo.reset()
+		// Record before echoing: a prober that saw its echo can rely on the hit.
+		l.record(Hit{Proto: "udp", Port: port, Peer: from.String(), Local: local, Payload: truncate(string(buf[:n]), 64)})
+		echo(buf[:n])
+	}
+}
+
+func read4(p4 *ipv4.PacketConn, bound int) readEcho {
+	return func(buf []byte) (int, net.Addr, string, func([]byte), error) {
+		n, cm, from, err := p4.ReadFrom(buf)
+		if err != nil {
+			return 0, nil, "", nil, err
+		}
+		var wcm *ipv4.ControlMessage
+		local := ""
+		if cm != nil {
+			// Answer from the address that was asked, unless it was a
+			// broadcast: no datagram can leave from one (EINVAL), and an
+			// echo to a broadcast probe (a VLAN-0 frame) is evidence.
+			if !cm.Dst.Equal(net.IPv4bcast) && !cm.Dst.IsMulticast() {
+				wcm = &ipv4.ControlMessage{Src: cm.Dst}
+			}
+			local = net.JoinHostPort(cm.Dst.String(), strconv.Itoa(bound))
+		}
+		return n, from, local, func(b []byte) { _, _ = p4.WriteTo(b, wcm, from) }, nil
+	}
+}
+
+func read6(p6 *ipv6.PacketConn, bound int) readEcho {
+	return func(buf []byte) (int, net.Addr, string, func([]byte), error) {
+		n, cm, from, err := p6.ReadFrom(buf)
+		if err != nil {
+			return 0, nil, "", nil, err
+		}
+		var wcm *ipv6.ControlMessage
+		local := ""
+		if cm != nil {
+			wcm = &ipv6.ControlMessage{Src: cm.Dst, IfIndex: cm.IfIndex}
+			if cm.Dst.IsMulticast() { // as for IPv4 broadcast: let the kernel pick
+				wcm.Src = nil
+			}
+			if a, ok := netip.AddrFromSlice(cm.Dst); ok {
+				if a.IsLinkLocalUnicast() {
+					if ifi, err := net.InterfaceByIndex(cm.IfIndex); err == nil {
+						a = a.WithZone(ifi.Name)
+					}
+				}
+				local = netip.AddrPortFrom(a, uint16(bound)).String()
+			}
+		}
+		return n, from, local, func(b []byte) { _, _ = p6.WriteTo(b, wcm, from) }, nil
+	}
 }
 
 func (l *Listeners) acceptLoop(ln net.Listener) {

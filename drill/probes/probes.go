@@ -175,29 +175,11 @@ func (s *Spec) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&aux); err != nil {
 		return err
 	}
-	s.Timeout = 0
-	raw := bytes.TrimSpace(aux.Timeout)
-	switch {
-	case len(raw) == 0 || string(raw) == "null":
-	case raw[0] == '"':
-		var str string
-		if err := json.Unmarshal(raw, &str); err != nil {
-			return err
-		}
-		if str != "" {
-			d, err := time.ParseDuration(str)
-			if err != nil {
-				return fmt.Errorf("timeout: %w", err)
-			}
-			s.Timeout = d
-		}
-	default:
-		var n int64
-		if err := json.Unmarshal(raw, &n); err != nil {
-			return fmt.Errorf("timeout: want a duration string or nanoseconds: %w", err)
-		}
-		s.Timeout = time.Duration(n)
+	d, err := parseDurationJSON(aux.Timeout)
+	if err != nil {
+		return fmt.Errorf("timeout: %w", err)
 	}
+	s.Timeout = d
 	return nil
 }
 
