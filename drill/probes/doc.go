@@ -37,6 +37,65 @@
 //	                   when the resolver answered" is: Outcome == refused (equivalently
 //	                   DNS.Answered && no records); dropped must not count.
 //	facts              gathered → open with Result.Facts; kernel unreadable → check-failed.
+//	                   A rogue RA that landed shows as HasGlobalIPv6 / an IPv6 default route.
+//	dns, class CH      DNS.Class "CH" with Type TXT (servers.bind, version.bind): records →
+//	                   open (the resolver disclosed itself); REFUSED, NOTIMP, NXDOMAIN or an
+//	                   empty answer → refused (answered, said nothing); silence → dropped.
+//
+// # Active kinds (spoofing, odd frames, the re-apply window)
+//
+// They send what a hostile box would, carry a marker (MarkerPrefix + Spec.Payload, or
+// random; in Result.Counts.Marker) that the capture listener of any box recognises, and
+// report Result.Counts. Each sends for its whole Timeout while it captures on the
+// interface (AF_PACKET, promiscuous). Nothing could be sent, no interface or no raw
+// socket → check-failed, never a pass. Their own outcome is only what this box can see;
+// the receivers' hits (marker frames, listener hits) and the host's tables are the rest.
+//
+//	flood          Flood{Duration, UDP, TCP, UDPEvery=1ms, TCPEvery=20ms}: datagrams
+//	               round-robin to UDP targets, connects round-robin to TCP targets, for
+//	               Duration (Timeout defaults to Duration+1s). Any echo or connect → open
+//	               (Counts.Through names the targets); else any RST → refused; else
+//	               dropped. Run it while the drill triggers an Incus re-apply.
+//	spoof-udp      Spoof{SrcIP, SrcPort}: raw-IP UDP from a forged source to Target:Port.
+//	               A reply reaching us → open (Counts.Replies); else dropped. The verdict
+//	               is at the receivers: the decoy's hit "from" SrcIP with the marker, the
+//	               sibling's capture of the echo.
+//	arp-spoof      Spoof{VictimIP}: is-at replies to Target (or broadcast) and gratuitous
+//	               requests claiming VictimIP with our MAC, every 100 ms. IPv4 frames for
+//	               VictimIP captured here → open (Counts.Captured); else dropped. Needs
+//	               traffic to the victim during the window; the drill reads the host's
+//	               neighbour entry itself.
+//	mac-spoof      Spoof{VictimMAC, VictimIP?}: an ARP probe and a broadcast UDP datagram
+//	               from VictimMAC, every 100 ms. Frames to VictimMAC (or VictimIP) captured
+//	               here → open; else dropped.
+//	dhcp-release   DHCP{VictimIP, VictimMAC, ClientID?, AskMAC?, Server?}: DHCPRELEASE of
+//	               the victim's lease, then a REQUEST for its address from AskMAC (default
+//	               a fresh random MAC). ACK/OFFER of VictimIP → open; NAK or another
+//	               address → refused; silence → dropped (Result.DHCPReply).
+//	dhcp-steal     DHCP{VictimIP, AskMAC?}: the REQUEST alone (no DISCOVER, so dnsmasq's
+//	               ping-before-offer does not apply). Outcomes as dhcp-release.
+//	dhcp-fake-mac  DHCP{FakeMAC?}: DISCOVER with a fake chaddr from a frame with that source
+//	               MAC. Any OFFER/ACK to it → open; NAK → refused; silence → dropped.
+//	               The dhcp kinds default to a 5 s Timeout (dnsmasq holds a new client's
+//	               offer ~3 s while it pings the address).
+//	frame          Frame{Variant, DstMAC?, TargetIP?, Port?}: one of vlan0-ipv4 (tagged
+//	               IPv4 UDP broadcast to Port, default 7002), vlan0-ipv6 (tagged UDP to
+//	               ff02::1), vlan0-dhcp-offer (tagged rogue offer), vlan0-ra (tagged RA for
+//	               2001:db8:cb00::/64, default route via us), ethertype (0x88B5), arp-zero
+//	               (who-has TargetIP from 0.0.0.0). An answer here (the echo, the ARP
+//	               reply) → open; else dropped — for offer, RA and ethertype there is none
+//	               to expect: the receiver's capture hit and facts are the evidence. Aim
+//	               at a sibling with DstMAC, or the gateway answers broadcasts too.
+//
+// # Listeners and the capture
+//
+// ListenerConfig.Capture (PID-1 mode: eth0) records as Hits with Proto "frame" every
+// frame carrying a marker, and every frame addressed to this box (unicast to our MAC,
+// broadcast, multicast) whose source MAC is not ours, not the default gateway's (read
+// from the neighbour table) and not in CaptureAllow: "B hears nothing" is then "no
+// frame hits". The same (reason, MACs, ethertype, marker) is recorded at most every
+// 10 s. Frames from the bridge before the box has its route (the DHCP offer) show as
+// unexpected-source; the engine knows the bridge's MAC and may discard them.
 //
 // # The probe sub-protocol (claudebox probe <sub>)
 //
@@ -46,7 +105,7 @@
 //	facts           Facts JSON
 //	hits [--file]   []Hit JSON from the hits file
 //	status [--file] Status JSON from the status file
-//	serve           foreground listeners (for VMs / non-PID-1 use)
+//	serve           foreground listeners (for VMs / non-PID-1 use; --capture IFACE)
 //
 // Exit 2 means bad arguments or JSON (message on stderr), 1 an agent failure.
 //
