@@ -228,7 +228,27 @@ func setup() error {
 			return err
 		}
 	}
-	return inNS(topo.peer, startPeerServices)
+	if err := inNS(topo.peer, startPeerServices); err != nil {
+		return err
+	}
+	return waitIPv6Ready()
+}
+
+// waitIPv6Ready: a veth pair that has just come up does not carry IPv6 for
+// a few hundred ms (addrconf waits for the link to be ready), so the first
+// link-local probes of a short run failed. Wait until one connects.
+func waitIPv6Ready() error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := Run(context.Background(), Spec{Kind: KindTCP6LL, Target: "fe80::b", Port: 7001, Iface: "vc0", Timeout: 200 * time.Millisecond})
+		if r.Outcome == Open {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("IPv6 link-local to the peer never came up: %s (%s)", r.Outcome, r.Evidence)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // peerRules: 7009 is silently dropped everywhere; 198.18.0.3 drops
