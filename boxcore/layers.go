@@ -19,6 +19,7 @@ const (
 	LayerIgnoreNames  Layer = "dhcp-ignore-names" // dnsmasq does not register DHCP hostnames
 	LayerNoHosts      Layer = "no-hosts"          // dnsmasq does not serve /etc/hosts
 	LayerNoIdent      Layer = "no-ident"          // dnsmasq does not answer CHAOS servers.bind/version.bind
+	LayerDHCPKnown    Layer = "dhcp-known-only"   // dnsmasq answers DHCP only for MACs with a dhcp-host entry
 	LayerACL          Layer = "acl"               // the Incus network ACL, as its rules are in the kernel
 	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input chain
 	LayerWall         Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
@@ -27,9 +28,20 @@ const (
 	LayerNAT          Layer = "nat"               // what lets boxes out at all (never switched off)
 )
 
+// dnsmasqLine is the raw.dnsmasq line that is a layer ("" for layers that are not one).
+func dnsmasqLine(l Layer) string {
+	switch l {
+	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent:
+		return string(l)
+	case LayerDHCPKnown:
+		return DHCPKnownOnly
+	}
+	return ""
+}
+
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
 var SwitchableLayers = []Layer{LayerNFTBridge, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerNoIdent, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off}
+	LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
 type LayerState struct {
@@ -77,7 +89,7 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	for _, o := range []struct {
 		l   Layer
 		opt string
-	}{{LayerIgnoreNames, "dhcp-ignore-names"}, {LayerNoHosts, "no-hosts"}, {LayerNoIdent, "no-ident"}} {
+	}{{LayerIgnoreNames, "dhcp-ignore-names"}, {LayerNoHosts, "no-hosts"}, {LayerNoIdent, "no-ident"}, {LayerDHCPKnown, DHCPKnownOnly}} {
 		on := slices.Contains(dm.Options, o.opt)
 		add(o.l, on, "dnsmasq (pid %d) option %s %s", dm.PID, o.opt, presence(on))
 	}

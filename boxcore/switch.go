@@ -88,10 +88,10 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 		return sw.nicFilteringOff(ctx)
 	case LayerDNSModeNone:
 		sw.cfg["dns.mode"] = "managed"
-	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent:
+	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent, LayerDHCPKnown:
 		var keep []string
 		for _, line := range strings.Split(sw.cfg["raw.dnsmasq"], "\n") {
-			if strings.TrimSpace(line) != string(l) {
+			if strings.TrimSpace(line) != dnsmasqLine(l) {
 				keep = append(keep, line)
 			}
 		}
