@@ -2,7 +2,6 @@ package boxcore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,9 +100,6 @@ func (e *FirstBootError) Error() string {
 	}
 	return b.String()
 }
-
-// ErrNoCloudInit says the image has no cloud-init to apply a template with.
-var ErrNoCloudInit = errors.New("the image has no cloud-init")
 
 // WaitFirstBoot waits for cloud-init to finish in a box, bounded by fb.Timeout. On a VM it
 // first waits for the guest agent (exec fails until it runs).

@@ -44,7 +44,6 @@ type execPost struct {
 	Command          []string          `json:"command"`
 	Environment      map[string]string `json:"environment,omitempty"`
 	WaitForWebsocket bool              `json:"wait-for-websocket"`
-	RecordOutput     bool              `json:"record-output"`
 	Interactive      bool              `json:"interactive"`
 	Width            int               `json:"width,omitempty"`
 	Height           int               `json:"height,omitempty"`

@@ -27,13 +27,8 @@ type Operation struct {
 	Location    string              `json:"location"`
 }
 
-// Operation status codes (Incus's shared/api/status_code.go).
-const (
-	opRunning   = 103
-	opSuccess   = 200
-	opFailure   = 400
-	opCancelled = 401
-)
+// opSuccess is Incus's status code of a finished, successful operation (shared/api/status_code.go).
+const opSuccess = 200
 
 func (op *Operation) done() bool { return op.StatusCode >= 200 }
 
