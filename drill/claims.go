@@ -3,29 +3,32 @@ package drill
 import (
 	"slices"
 	"strings"
+
+	"github.com/claudebox/claudebox/boxcore"
 )
 
-// Layer is one isolation mechanism the host stack holds.
-type Layer string
+// Layer is one isolation mechanism of the host stack; boxcore defines them, reads them and
+// switches them off for a seeded hole (the drill touches no layer itself).
+type Layer = boxcore.Layer
 
-// The layers, as the seeded holes name them.
+// The layers the claims name.
 const (
-	LayerNFTBridge   Layer = "nft-bridge-drop"   // bridge table claudebox_<B> forward drop
-	LayerBRNF        Layer = "br_netfilter"      // net.bridge.bridge-nf-call-iptables=1
-	LayerPortIso     Layer = "port-isolation"    // brport/isolated on every box port
-	LayerDNSModeNone Layer = "dns.mode=none"     // no instance-name DNS records
-	LayerIgnoreNames Layer = "dhcp-ignore-names" // dnsmasq does not register DHCP hostnames
-	LayerNoHosts     Layer = "no-hosts"          // dnsmasq does not serve /etc/hosts
-	LayerACL         Layer = "acl"               // security.acls on the network
-	LayerHostGuard   Layer = "host-input-guard"  // inet claudebox_<B>_guard input chain
-	LayerIPv6Off     Layer = "ipv6.address=none" // no IPv6 on the bridge
-	LayerNAT         Layer = "nat"               // what lets boxes out at all
-	LayerWall        Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
+	LayerNFTBridge    = boxcore.LayerNFTBridge
+	LayerBRNF         = boxcore.LayerBRNF
+	LayerPortIso      = boxcore.LayerPortIso
+	LayerDNSModeNone  = boxcore.LayerDNSModeNone
+	LayerIgnoreNames  = boxcore.LayerIgnoreNames
+	LayerNoHosts      = boxcore.LayerNoHosts
+	LayerNoIdent      = boxcore.LayerNoIdent
+	LayerACL          = boxcore.LayerACL
+	LayerHostGuard    = boxcore.LayerHostGuard
+	LayerWall         = boxcore.LayerWall
+	LayerNICFiltering = boxcore.LayerNICFiltering
+	LayerIPv6Off      = boxcore.LayerIPv6Off
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.
-var AllLayers = []Layer{LayerNFTBridge, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerACL, LayerHostGuard, LayerIPv6Off, LayerWall}
+var AllLayers = boxcore.SwitchableLayers
 
 // Holds says which layers hold a claim: it holds while ANY term holds, and a term holds
 // only while ALL its layers are in place. {{port-isolation}, {nft-bridge-drop}, {acl, br_netfilter}}
@@ -88,10 +91,14 @@ const (
 	ClaimOtherNet   = "box→other local networks"
 	ClaimIPv6       = "IPv6"
 	ClaimHostBox    = "host→box"
+	ClaimWindow     = "every second (Incus re-apply)"
+	ClaimSpoof      = "no spoofing"
+	ClaimFrames     = "odd frames"
+	ClaimResolver   = "resolver says nothing about itself"
 	ClaimInternet   = "internet"
 	ClaimControl    = "control"
 )
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimInternet, ClaimControl}

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
 
@@ -56,12 +57,12 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		if !n.Managed || !strings.Contains(n.Config["raw.dnsmasq"], "/"+TestDomain+"/") {
 			continue
 		}
-		full, etag, err := c.Network(ctx, n.Name)
+		full, _, err := c.Network(ctx, n.Name)
 		if err != nil {
 			return done, err
 		}
 		full.Config["raw.dnsmasq"] = strings.Join(stripForwarder(full.Config["raw.dnsmasq"]), "\n")
-		if err := updateNetwork(ctx, c, n.Name, full.Config, full.Description, etag); err != nil {
+		if err := boxcore.PutNetworkConfig(ctx, c, n.Name, full.Config); err != nil {
 			return done, err
 		}
 		done = append(done, "raw.dnsmasq forwarder line on "+n.Name)

@@ -466,7 +466,17 @@ func ForwarderLine(domain string, subnet netip.Prefix, resolver netip.Addr) stri
 	return fmt.Sprintf("server=/%s/%s//%s/%s", TestDomain, domain, rev, resolver)
 }
 
-// IsForwarderLine recognises the drill's line (of any run).
+// WindowLine is the comment line whose change makes Incus re-apply the network for a
+// window: harmless to dnsmasq, unique per window so the write is a real change.
+func WindowLine(run string, gen int) string {
+	return fmt.Sprintf("%s %s window %d", windowLinePrefix, run, gen)
+}
+
+const windowLinePrefix = "# claudebox-drill"
+
+// IsForwarderLine recognises the drill's lines (of any run): the forwarder and the window
+// comment.
 func IsForwarderLine(l string) bool {
-	return strings.HasPrefix(strings.TrimSpace(l), "server=/"+TestDomain+"/")
+	l = strings.TrimSpace(l)
+	return strings.HasPrefix(l, "server=/"+TestDomain+"/") || strings.HasPrefix(l, windowLinePrefix+" ")
 }

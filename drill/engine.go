@@ -72,8 +72,10 @@ type engine struct {
 	hostAddrs []netip.Addr
 	netBefore *incus.Network
 	forwarder string
+	windowGen int // how many re-apply windows this run made
 	start     time.Time
 	lock      *os.File
+	host      *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
 	phases    []Phase
 }
 
@@ -158,7 +160,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 1500 * time.Millisecond
 	}
-	e := &engine{o: o, c: o.Client, run: NewRunID(), start: time.Now()}
+	e := &engine{o: o, c: o.Client, run: NewRunID(), start: time.Now(), host: boxcore.NewHost(o.Client, o.Stack)}
 	rep := &Report{RunID: e.run, Started: e.start.UTC(), Stack: o.Stack.Network, Boxes: o.Boxes}
 	lock, err := acquireLock()
 	if err != nil {
@@ -194,7 +196,10 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 	if err := e.readHost(ctx, rep); err != nil {
 		return err
 	}
-	rep.LayersBefore = ReadLayers(ctx, e.c, e.o.Stack, nil)
+	var err error
+	if rep.LayersBefore, err = e.host.ReadLayers(ctx, nil); err != nil {
+		return err
+	}
 	e.printLayers("layer state (read from the kernel before the run)", rep.LayersBefore)
 
 	// Decoys + forwarder and the probe image in parallel: they do not depend on each other.
@@ -205,7 +210,7 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 		defer wg.Done()
 		imgErr = e.ensureImage(ctx)
 	}()
-	err := e.phase("decoy hosts up", func() error { return e.decoyUp(ctx) })
+	err = e.phase("decoy hosts up", func() error { return e.decoyUp(ctx) })
 	wg.Wait()
 	if err != nil {
 		return err
@@ -228,7 +233,7 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 	if err := e.phase("probing", func() error {
 		e.pause("probing")
 		var err error
-		m, err = e.matrix(ctx, nil)
+		m, err = e.matrix(ctx)
 		return err
 	}); err != nil {
 		return err
@@ -246,6 +251,7 @@ func (e *engine) topology() *Topology {
 		HostTCP: e.hostTCP, HostUDP: e.hostUDP}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
+		t.DecoyHostSide = e.decoy.LAN.HostAddr
 	}
 	return t
 }
@@ -346,44 +352,34 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	e.hostL = ls
 	e.hostTCP = ls.TCPAddrs[0].(*net.TCPAddr).Port
 	e.hostUDP = ls.UDPAddrs[0].(*net.UDPAddr).Port
+	e.host.ExtraUplinks = []string{d.Uplink.HostVeth}
+	e.progress("  announce: the wall lets box egress leave by %s too during the run (the public decoy's side; restored afterwards)", d.Uplink.HostVeth)
+	if _, err := e.host.ApplyFirewall(ctx); err != nil {
+		return fmt.Errorf("admitting the public decoy as an uplink: %w", err)
+	}
 	e.forwarder = ForwarderLine(e.domain, e.gateway, d.Public)
 	e.progress("  announce: the bridge's dnsmasq forwards the drill's names to the decoy during the run: raw.dnsmasq += %q (restored afterwards)", e.forwarder)
-	return e.setForwarder(ctx, true)
+	e.progress("  announce: each matrix makes Incus re-apply %s once (a %q comment line), while the boxes flood: the re-apply window rows", e.o.Stack.Network, WindowLine(e.run, 1))
+	return nil
 }
 
-// setForwarder adds or removes the run's raw.dnsmasq line (Incus restarts dnsmasq).
-func (e *engine) setForwarder(ctx context.Context, on bool) error {
-	n, etag, err := e.c.Network(ctx, e.o.Stack.Network)
+// setDNSLines adds (with a new window comment) or removes the run's raw.dnsmasq lines:
+// every change makes Incus re-apply the network (and restart dnsmasq).
+func (e *engine) setDNSLines(ctx context.Context, on bool) error {
+	n, _, err := e.c.Network(ctx, e.o.Stack.Network)
 	if err != nil {
 		return err
 	}
 	lines := stripForwarder(n.Config["raw.dnsmasq"])
 	if on {
-		lines = append(lines, e.forwarder)
+		lines = append(lines, e.forwarder, WindowLine(e.run, e.windowGen))
 	}
 	cfg := n.Config
 	cfg["raw.dnsmasq"] = strings.Join(lines, "\n")
-	if err := updateNetwork(ctx, e.c, n.Name, cfg, n.Description, etag); err != nil {
+	if err := boxcore.PutNetworkConfig(ctx, e.c, n.Name, cfg); err != nil {
 		return fmt.Errorf("setting the test-domain forwarder on %s: %w", n.Name, err)
 	}
 	return nil
-}
-
-// updateNetwork retries a network update a few times: Incus 6.0.4 fails one (500, "Failed
-// to delete bridge children interfaces") when a veth of the bridge vanishes meanwhile, as
-// when other boxes are being deleted.
-func updateNetwork(ctx context.Context, c *incus.Client, name string, cfg map[string]string, desc, etag string) error {
-	var err error
-	for i := 0; i < 4; i++ {
-		if err = c.UpdateNetwork(ctx, name, cfg, desc, etag); err == nil || errors.Is(err, incus.ErrNotFound) {
-			return err
-		}
-		if !strings.Contains(err.Error(), "(500)") {
-			return err
-		}
-		time.Sleep(time.Duration(200*(i+1)) * time.Millisecond)
-	}
-	return err
 }
 
 func stripForwarder(raw string) []string {
@@ -408,8 +404,8 @@ func (e *engine) teardown(ctx context.Context) error {
 	} else if len(e.boxes) > 0 {
 		e.progress("  --keep: boxes left running: %s (remove with 'claudebox drill --cleanup')", boxNames(e.boxes))
 	}
-	if e.forwarder != "" {
-		if err := e.setForwarder(ctx, false); err != nil {
+	if e.forwarder != "" && e.windowGen > 0 {
+		if err := e.setDNSLines(ctx, false); err != nil {
 			errs = append(errs, err)
 		} else {
 			e.progress("  restored raw.dnsmasq (forwarder removed)")
@@ -420,6 +416,14 @@ func (e *engine) teardown(ctx context.Context) error {
 	}
 	if e.decoy != nil {
 		e.decoy.Down()
+	}
+	if len(e.host.ExtraUplinks) > 0 {
+		e.host.ExtraUplinks = nil
+		if _, err := e.host.ApplyFirewall(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("restoring the wall's uplinks: %w", err))
+		} else {
+			e.progress("  restored the wall's uplinks")
+		}
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -2,19 +2,13 @@ package drill
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"maps"
-	"net"
-	"os"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/google/nftables"
-
-	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/drill/probes"
 	"github.com/claudebox/claudebox/firewall"
 )
@@ -30,23 +24,52 @@ type Hole struct {
 	Remint bool
 }
 
-// Holes are the seeded holes of the self-test, one per layer, then all box→box layers at once.
-var Holes = []Hole{
-	{Name: "nft bridge drop removed", Off: []Layer{LayerNFTBridge}},
-	{Name: "br_netfilter off", Off: []Layer{LayerBRNF}},
-	{Name: "port isolation off", Off: []Layer{LayerPortIso}},
-	{Name: "dns.mode=managed", Off: []Layer{LayerDNSModeNone}, Restart: true, Remint: true},
-	{Name: "dhcp-ignore-names removed", Off: []Layer{LayerIgnoreNames}, Restart: true, Remint: true},
-	{Name: "no-hosts removed", Off: []Layer{LayerNoHosts}},
-	{Name: "ACL detached", Off: []Layer{LayerACL}},
-	{Name: "host input guard removed", Off: []Layer{LayerHostGuard}},
-	// No restart: the boxes are up when dnsmasq restarts with IPv6, and its start-up router
-	// advertisement reaches them at once. (Restarted boxes depend on their router
-	// solicitation, which the host input guard drops, and then on dnsmasq's next periodic RA:
-	// measured both ways, that is timing, not a layer.)
-	{Name: "IPv6 on the bridge", Off: []Layer{LayerIPv6Off}, Remint: true},
-	{Name: "all box→box layers off", Off: []Layer{LayerPortIso, LayerNFTBridge, LayerBRNF}},
-	{Name: "IPv6 on and host input guard removed", Off: []Layer{LayerIPv6Off, LayerHostGuard}, Remint: true},
+// Holes are the seeded holes of the self-test: every layer alone (every claim must stay
+// green: each is held by another layer too), then the layers of each claim together (its
+// rows must turn red: the drill can fail).
+var Holes = append(singleHoles(),
+	hole("all box→box layers off", LayerPortIso, LayerNFTBridge, LayerBRNF, LayerNICFiltering),
+	hole("wall and ACL off", LayerWall, LayerACL),
+	hole("wall and host input guard off", LayerWall, LayerHostGuard),
+	hole("wall and NIC filtering off", LayerWall, LayerNICFiltering),
+	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
+	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
+)
+
+var holeNames = map[Layer]string{
+	LayerNFTBridge: "nft bridge drop removed", LayerBRNF: "br_netfilter off", LayerPortIso: "port isolation off",
+	LayerDNSModeNone: "dns.mode=managed", LayerIgnoreNames: "dhcp-ignore-names removed", LayerNoHosts: "no-hosts removed",
+	LayerNoIdent: "no-ident removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
+	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
+}
+
+func singleHoles() []Hole {
+	var out []Hole
+	for _, l := range AllLayers {
+		name := holeNames[l]
+		if name == "" {
+			name = string(l) + " off"
+		}
+		out = append(out, hole(name, l))
+	}
+	return out
+}
+
+// hole derives what a hole needs around it from its layers: names are learnt only with a
+// new lease (restart), and no name or address of the hole may outlive it (remint). IPv6 is
+// switched on while the boxes are up: dnsmasq's start-up router advertisement reaches them
+// at once (restarted boxes would wait for its next periodic one: timing, not a layer).
+func hole(name string, off ...Layer) Hole {
+	h := Hole{Name: name, Off: off}
+	for _, l := range off {
+		switch l {
+		case LayerDNSModeNone, LayerIgnoreNames:
+			h.Restart, h.Remint = true, true
+		case LayerIPv6Off:
+			h.Remint = true
+		}
+	}
+	return h
 }
 
 // HoleResult is what one seeded hole showed.
@@ -70,7 +93,7 @@ func (e *engine) selfTest(ctx context.Context, rep *Report) error {
 	if !rep.Matrix.OK() {
 		return errors.New("seeded holes need a green matrix first: the baseline run did not pass")
 	}
-	if r, err := boxcore.NewHost(e.c, e.o.Stack).Check(ctx); err != nil {
+	if r, err := e.host.Check(ctx); err != nil {
 		return err
 	} else if !r.OK {
 		return fmt.Errorf("the host stack has drifted before the self-test (%d item(s)): run 'claudebox host init' first, a seeded hole must start from the declared stack", len(r.Drift()))
@@ -91,43 +114,32 @@ func (e *engine) selfTest(ctx context.Context, rep *Report) error {
 	return nil
 }
 
-// RunHole runs one seeded hole on a set-up engine (the suite uses it through Session).
+// seed runs one seeded hole: boxcore switches the hole's layers off (for this run's boxes
+// where a layer is per box), the matrix runs, boxcore restores them, conntrack forgets the
+// boxes' flows (none opened in the hole may outlive it), and host check must be green again.
 func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	t := time.Now()
 	hr := &HoleResult{Name: h.Name, Off: h.Off}
 	e.progress("seeded hole: %s (off: %v) ...", h.Name, h.Off)
-	n, _, err := e.c.Network(ctx, e.o.Stack.Network)
-	if err != nil {
-		return nil, err
+	if h.opensIPv6() {
+		if others := e.foreignBoxes(ctx); len(others) > 0 {
+			return nil, fmt.Errorf("seeded hole %q would give IPv6 to boxes that are not the drill's (%s): stop them or skip the hole", h.Name, strings.Join(others, ", "))
+		}
 	}
-	saved := maps.Clone(n.Config)
-	nf4, nf6 := readSysctl(brnf4), readSysctl(brnf6)
+	restoreLayers, applyErr := e.host.SwitchOff(ctx, h.Off, e.boxNames())
 	restore := func() error {
 		var errs []error
-		cur, etag, err := e.c.Network(ctx, e.o.Stack.Network)
-		if err == nil && !maps.Equal(cur.Config, saved) {
-			if err := updateNetwork(ctx, e.c, cur.Name, saved, cur.Description, etag); err != nil {
-				errs = append(errs, err)
-			}
+		if restoreLayers != nil {
+			errs = append(errs, restoreLayers(ctx))
 		}
-		_ = os.WriteFile(brnf4, []byte(nf4), 0o644)
-		_ = os.WriteFile(brnf6, []byte(nf6), 0o644)
-		if _, err := firewall.Apply(e.fwSpec()); err != nil {
+		if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
 			errs = append(errs, err)
 		}
-		for _, b := range e.boxes {
-			if b.Veth != "" {
-				_ = boxcore.LocalKernel().SetPortIsolated(b.Veth, true)
-			}
-		}
 		if h.Remint {
-			if err := e.remint(ctx); err != nil {
-				errs = append(errs, err)
-			}
+			errs = append(errs, e.remint(ctx))
 		}
 		return errors.Join(errs...)
 	}
-	applyErr := e.applyHole(ctx, h, saved)
 	if applyErr == nil && h.Restart {
 		applyErr = e.restartBoxes(ctx)
 	}
@@ -136,13 +148,13 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	}
 	var m *Matrix
 	if applyErr == nil {
-		hr.Layers = ReadLayers(ctx, e.c, e.o.Stack, e.veths())
-		m, applyErr = e.matrix(ctx, h.Off)
+		hr.Layers, _ = e.host.ReadLayers(ctx, e.boxNames())
+		m, applyErr = e.matrix(ctx)
 	}
 	if rerr := restore(); rerr != nil {
 		hr.RestoreErr = rerr.Error()
 	}
-	if r, err := boxcore.NewHost(e.c, e.o.Stack).Check(ctx); err == nil {
+	if r, err := e.host.Check(ctx); err == nil {
 		hr.Restored = r.OK
 		for _, d := range r.Drift() {
 			hr.RestoreErr += fmt.Sprintf("drift %s %s: want %s, have %s; ", d.Layer, d.Item, d.Expected, d.Actual)
@@ -181,97 +193,50 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	return hr, nil
 }
 
-const (
-	brnf4 = "/proc/sys/net/bridge/bridge-nf-call-iptables"
-	brnf6 = "/proc/sys/net/bridge/bridge-nf-call-ip6tables"
-)
-
-func (e *engine) fwSpec() firewall.Spec {
-	gw := e.gateway
-	return boxcore.FirewallSpec(e.o.Stack.Network, &net.IPNet{IP: net.IP(gw.Addr().AsSlice()), Mask: net.CIDRMask(gw.Bits(), 32)})
-}
-
-func (e *engine) veths() []string {
+func (e *engine) boxNames() []string {
 	var out []string
 	for _, b := range e.boxes {
-		out = append(out, b.Veth)
+		if b != nil {
+			out = append(out, b.Name)
+		}
 	}
 	return out
 }
 
-// applyHole switches the hole's layers off.
-func (e *engine) applyHole(ctx context.Context, h Hole, cfg map[string]string) error {
-	cfg = maps.Clone(cfg)
-	netChanged := false
-	bt, gt := firewall.TableNames(e.o.Stack.Network)
-	for _, l := range h.Off {
-		switch l {
-		case LayerNFTBridge:
-			cc, err := nftables.New()
-			if err != nil {
-				return err
-			}
-			cc.DelTable(&nftables.Table{Name: bt, Family: nftables.TableFamilyBridge})
-			if err := cc.Flush(); err != nil {
-				return fmt.Errorf("deleting table bridge %s: %w", bt, err)
-			}
-		case LayerHostGuard:
-			cc, err := nftables.New()
-			if err != nil {
-				return err
-			}
-			cc.DelChain(&nftables.Chain{Name: firewall.InputChain, Table: &nftables.Table{Name: gt, Family: nftables.TableFamilyINet}})
-			if err := cc.Flush(); err != nil {
-				return fmt.Errorf("deleting chain inet %s input: %w", gt, err)
-			}
-		case LayerBRNF:
-			if err := os.WriteFile(brnf4, []byte("0"), 0o644); err != nil {
-				return err
-			}
-			if err := os.WriteFile(brnf6, []byte("0"), 0o644); err != nil {
-				return err
-			}
-		case LayerPortIso:
-			for _, b := range e.boxes {
-				if err := boxcore.LocalKernel().SetPortIsolated(b.Veth, false); err != nil {
-					return err
-				}
-			}
-		case LayerDNSModeNone:
-			cfg["dns.mode"] = "managed"
-			netChanged = true
-		case LayerIgnoreNames, LayerNoHosts:
-			var keep []string
-			for _, line := range strings.Split(cfg["raw.dnsmasq"], "\n") {
-				if strings.TrimSpace(line) != string(l) {
-					keep = append(keep, line)
-				}
-			}
-			cfg["raw.dnsmasq"] = strings.Join(keep, "\n")
-			netChanged = true
-		case LayerACL:
-			delete(cfg, "security.acls")
-			delete(cfg, "security.acls.default.ingress.action")
-			delete(cfg, "security.acls.default.egress.action")
-			netChanged = true
-		case LayerIPv6Off:
-			r := make([]byte, 4)
-			_, _ = rand.Read(r)
-			cfg["ipv6.address"] = fmt.Sprintf("fd42:%x:%x::1/64", r[:2], r[2:])
-			cfg["ipv6.nat"] = "true"
-			netChanged = true
+func (e *engine) boxPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, b := range e.boxes {
+		if b != nil && b.IPv4.IsValid() {
+			out = append(out, netip.PrefixFrom(b.IPv4, 32))
 		}
 	}
-	if netChanged {
-		n, etag, err := e.c.Network(ctx, e.o.Stack.Network)
-		if err != nil {
-			return err
-		}
-		if err := updateNetwork(ctx, e.c, n.Name, cfg, n.Description, etag); err != nil {
-			return fmt.Errorf("seeding %s: %w", h.Name, err)
+	return out
+}
+
+// opensIPv6: the hole takes every layer of the IPv6 claim away, so every box on the bridge,
+// not only the drill's, would get an address.
+func (h Hole) opensIPv6() bool {
+	for _, r := range Claims {
+		if r.Claim == ClaimIPv6 && r.Holds.OpenWithout(h.Off) {
+			return true
 		}
 	}
-	return nil
+	return false
+}
+
+// foreignBoxes are running instances on the stack's profile that this run did not mint.
+func (e *engine) foreignBoxes(ctx context.Context) []string {
+	insts, err := e.c.Instances(ctx, nil, false)
+	if err != nil {
+		return []string{"(cannot list instances: " + err.Error() + ")"}
+	}
+	var out []string
+	for _, in := range insts {
+		if in.Status != "Stopped" && in.Config[DrillTag] != e.run && slices.Contains(in.Profiles, e.o.Stack.Profile) {
+			out = append(out, in.Name)
+		}
+	}
+	return out
 }
 
 // waitIPv6 waits (up to 45 s) until every box shows a global/ULA address. SLAAC takes a
@@ -280,14 +245,18 @@ func (e *engine) applyHole(ctx context.Context, h Hole, cfg map[string]string) e
 // every 5-20 s in its first minute — the first one may leave before the bridge's own
 // link-local address is usable. 15 s missed it once in CI; 45 s covers two more.
 func (e *engine) waitIPv6(ctx context.Context) {
-	deadline := time.Now().Add(45 * time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
 	for _, b := range e.boxes {
-		for time.Now().Before(deadline) {
+		for ctx.Err() == nil {
 			res, err := e.runInBox(ctx, b, []probes.Spec{{Kind: probes.KindFacts}})
 			if err == nil && res[0].Facts != nil && res[0].Facts.HasGlobalIPv6 {
 				break
 			}
-			time.Sleep(300 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // Matrix is one evaluation of every row.
@@ -72,8 +73,10 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 			}
 			var res []probes.Result
 			var err error
-			if from == "host" {
+			if from == hostEnd.Key {
 				res = probes.RunMany(ctx, specs)
+			} else if from == decoyEnd.Key {
+				res, err = e.runInDecoy(ctx, specs)
 			} else if b := boxes[from]; b != nil {
 				res, err = e.runInBox(ctx, b, specs)
 			} else {
@@ -92,10 +95,11 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 	wg.Wait()
 }
 
-// matrix builds the rows, verifies the decoy routes, runs everything in one window, retries
-// failed positive controls once (never a negative), collects the other ends' evidence and
+// matrix plans the claim rows on what the lab built, runs the re-apply window, then every
+// other row in one batch (re-run if another writer touched nftables meanwhile), retries
+// failed positive controls once (never a negative), reads what every receiver heard and
 // judges every row.
-func (e *engine) matrix(ctx context.Context, _ []Layer) (*Matrix, error) {
+func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	t := time.Now()
 	if err := e.decoy.VerifyRoutes(); err != nil {
 		return nil, err
@@ -105,42 +109,129 @@ func (e *engine) matrix(ctx context.Context, _ []Layer) (*Matrix, error) {
 		return nil, err
 	}
 	m := &Matrix{Rows: RowsOf(cases)}
-	e.execute(ctx, m.Rows)
-	var retry []*Row
+	phase := map[string][]*Row{}
 	for _, r := range m.Rows {
+		phase[r.Window] = append(phase[r.Window], r)
+	}
+	batch := phase[""]
+	// The DHCP rows start once dnsmasq is back from the window's re-apply and run beside
+	// the rest (they wait out dnsmasq's ping before an offer).
+	dhcpDone := make(chan struct{})
+	startDHCP := func() {
+		go func() { defer close(dhcpDone); e.execute(ctx, phase[WindowDHCP]) }()
+	}
+	if err := e.window(ctx, phase[WindowReapply], startDHCP); err != nil {
+		<-dhcpDone
+		return nil, err
+	}
+	if err := e.undisturbed(ctx, batch); err != nil {
+		<-dhcpDone
+		return nil, err
+	}
+	var retry []*Row
+	for _, r := range batch {
 		if !r.Expected.Negative() && r.Observed != r.Expected {
 			retry = append(retry, r)
 		}
 	}
 	if len(retry) > 0 {
-		e.execute(ctx, retry)
+		if err := e.undisturbed(ctx, retry); err != nil {
+			return nil, err
+		}
 		for _, r := range retry {
 			r.Retried = true
 		}
 	}
+	e.spoofPhase(ctx, phase[WindowSpoof])
+	<-dhcpDone
+	hits := e.allHits(ctx)
+	heard(m.Rows, hits)
 	Judge(m.Rows)
 	if err := Complete(cases, m.Rows); err != nil {
 		return nil, err
 	}
-	m.DecoyHits = e.decoy.Hits()
-	m.DecoyQueries = e.decoy.Queries()
-	m.BoxHits = map[string][]probes.Hit{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	m.DecoyHits, m.DecoyQueries, m.BoxHits = hits["decoy"], e.decoy.Queries(), map[string][]probes.Hit{}
 	for _, b := range e.boxes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h := e.hits(ctx, b)
-			mu.Lock()
-			m.BoxHits[b.Name] = h
-			mu.Unlock()
-		}()
+		m.BoxHits[b.Name] = hits[b.Name]
 	}
-	wg.Wait()
 	e.annotate(m)
 	m.Elapsed = time.Since(t)
 	return m, nil
+}
+
+// undisturbed runs a batch under a watch of nftables: a batch during which another process
+// committed a ruleset generation (Incus re-applying a network, an admin, another tool) is
+// re-run instead of judged; after three disturbed runs its rows are check-failed.
+func (e *engine) undisturbed(ctx context.Context, rows []*Row) error {
+	for try := 1; ; try++ {
+		w, err := firewall.Watch()
+		if err != nil {
+			return err
+		}
+		e.execute(ctx, rows)
+		others := e.relevant(firewall.ByOthers(w.Stop()))
+		if len(others) == 0 {
+			return nil
+		}
+		g := others[0]
+		why := fmt.Sprintf("%s (pid %d) changed nftables during the batch: %s", g.Comm, g.PID, strings.Join(g.Changes, ", "))
+		if try == 3 {
+			for _, r := range rows {
+				r.Result = probes.Result{Probe: r.Probe, Outcome: probes.CheckFailed, Evidence: "disturbed three times; last: " + why}
+				r.Observed = CheckFailed
+			}
+			return nil
+		}
+		e.progress("  %s: re-running the batch", why)
+	}
+}
+
+// relevant keeps the generations that could change what this run's boxes can reach:
+// anything but Incus's own chains of other networks and instances and other stacks'
+// claudebox tables (other stacks of a test suite come and go on the same daemon).
+func (e *engine) relevant(gens []firewall.Generation) []firewall.Generation {
+	var out []firewall.Generation
+	for _, g := range gens {
+		var keep []string
+		for _, c := range g.Changes {
+			if e.concerns(c) {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) > 0 {
+			g.Changes = keep
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// concerns reads one change ("delchain inet incus fwd.claudenet") as this run's or not.
+func (e *engine) concerns(change string) bool {
+	f := strings.Fields(change)
+	if len(f) < 3 {
+		return true
+	}
+	table, obj := f[2], ""
+	if len(f) > 3 {
+		obj = f[3]
+	}
+	bt, _ := firewall.TableNames(e.o.Stack.Network)
+	switch {
+	case table == "incus":
+		if obj == "" || strings.HasSuffix(obj, "."+e.o.Stack.Network) {
+			return true
+		}
+		for _, b := range e.boxes {
+			if b != nil && strings.Contains(obj, "."+b.Name+".") {
+				return true
+			}
+		}
+		return false
+	case strings.HasPrefix(table, "claudebox_"):
+		return table == bt || strings.HasPrefix(table, bt+"_")
+	}
+	return true
 }
 
 // annotate adds the other end's view to open verdicts: the decoy's or the box's hits.

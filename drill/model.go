@@ -2,6 +2,7 @@ package drill
 
 import (
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -36,7 +37,7 @@ const (
 
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
-func (o Outcome) Negative() bool { return o == Dropped || o == NoAnswer || o == None }
+func (o Outcome) Negative() bool { return o == Dropped || o == NoAnswer || o == None || o == NoLease }
 
 // Verdict of a case.
 type Verdict string
@@ -71,6 +72,9 @@ type Topology struct {
 	Decoys     []DecoyTarget // LAN, CGNAT and link-local decoys (not the public one)
 	Public     netip.Addr    // the "internet"
 	PublicName string        // a name the decoy resolver answers with Public
+	// DecoyHostSide is the host's address on the decoy's LAN side (where the decoy's own
+	// flood control aims).
+	DecoyHostSide netip.Addr
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.
@@ -171,6 +175,9 @@ func Plan(rows []ClaimRow, t *Topology, timeout time.Duration) ([]Case, error) {
 					c.Probe.Timeout = timeout
 				}
 				c.Probe.ID = c.ID
+				if c.Probe.Payload == "" && activeKind(c.Probe.Kind) {
+					c.Probe.Payload = markerFor(c.ID)
+				}
 				for _, ctl := range r.Controls {
 					cr := byKey[ctl.Row]
 					if cr == nil {
@@ -196,6 +203,22 @@ func Plan(rows []ClaimRow, t *Topology, timeout time.Duration) ([]Case, error) {
 	return cases, nil
 }
 
+// activeKind: probes whose frames carry a marker the receivers record.
+func activeKind(k string) bool {
+	switch k {
+	case probes.KindFlood, probes.KindSpoofUDP, probes.KindFrame, probes.KindMACSpoof, probes.KindARPSpoof:
+		return true
+	}
+	return false
+}
+
+// markerFor is a case's marker: stable, short enough for a listener's payload prefix.
+func markerFor(id string) string {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return fmt.Sprintf("%s%016x", probes.MarkerPrefix, h.Sum64())
+}
+
 func (t *Topology) end(e End, from, to Endpoint) Endpoint {
 	switch e {
 	case EndSource:
@@ -211,7 +234,23 @@ func (t *Topology) end(e End, from, to Endpoint) Endpoint {
 	}
 }
 
-var hostEnd = Endpoint{Key: "host", Label: "host"}
+var (
+	hostEnd  = Endpoint{Key: "host", Label: "host"}
+	decoyEnd = Endpoint{Key: "decoy", Label: "the decoy's LAN side"}
+)
+
+// Windows: rows that run in a lab phase of their own rather than in the shared batch.
+const (
+	WindowReapply = "reapply" // while Incus re-applies the network's firewall
+	WindowSpoof   = "spoof"   // after the shared batch: a spoof that works disturbs its victim
+	WindowDHCP    = "dhcp"    // once dnsmasq is back from the re-apply, beside everything else
+)
+
+// Kinds the lab observes itself.
+const (
+	KindLabReapply   = "lab-reapply"   // the watcher saw Incus re-apply the network inside the flood
+	KindLabConntrack = "lab-conntrack" // conntrack holds a flow from a box to a blocked decoy, or into a box
+)
 
 func (t *Topology) publicEnd() Endpoint {
 	return Endpoint{Key: t.Public.String(), Label: "public decoy " + t.Public.String(), Addr: t.Public, Port: DecoyTCP}
@@ -233,6 +272,15 @@ func Observe(c Case, res probes.Result) Outcome {
 			return NoAnswer
 		case res.Outcome == probes.Dropped:
 			return Silence
+		}
+	case probes.KindDHCPFakeMAC, probes.KindDHCPSteal, probes.KindDHCPRelease:
+		// A NAK or another address is as much "no lease" as silence: what matters is that
+		// the address asked for (or any, for a fake client) was not given.
+		switch res.Outcome {
+		case probes.Open:
+			return Lease
+		case probes.Refused, probes.Dropped:
+			return NoLease
 		}
 	case probes.KindFacts:
 		if res.Outcome != probes.Open || res.Facts == nil {

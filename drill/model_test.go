@@ -33,6 +33,7 @@ func testTopology() *Topology {
 			{Range: "public", Addr: netip.MustParseAddr("198.18.0.10"), Ports: []int{DecoyTCP}},
 		},
 		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
+		DecoyHostSide: netip.MustParseAddr("198.18.0.253"),
 	}
 }
 
@@ -59,6 +60,12 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/self-tcp": 3, "ctl/self-udp": 3, "ctl/self-tcp6ll": 2, "ctl/arp-gateway": 3, "ctl/lease": 3,
 		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 6, "ctl/decoy-udp": 5, "ctl/decoy-icmp": 5,
 		"other-net/tcp": 3, "other-net/udp": 3, "other-net/icmp": 3,
+		"ctl/reapply": 1, "ctl/window-public": 3, "ctl/window-decoy": 1, "window/decoys": 3, "window/host": 3,
+		"window/box": 6, "window/host-box": 3, "window/decoy-box": 3, "window/conntrack": 1,
+		"spoof/sibling-ip": 6, "spoof/any-ip": 3, "spoof/arp": 6, "spoof/mac": 6,
+		"ctl/dhcp-renew": 3, "dhcp/fake-mac": 3, "dhcp/steal": 6, "dhcp/release": 6,
+		"frames/vlan0-ipv4": 6, "frames/vlan0-ipv6": 6, "frames/vlan0-dhcp-offer": 6, "frames/vlan0-ra": 6,
+		"frames/ethertype": 6, "frames/arp-zero": 6, "resolver/servers.bind": 3, "resolver/version.bind": 3,
 		"internet/tcp": 3, "internet/dns": 3,
 		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
 		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,
@@ -160,6 +167,16 @@ func TestCaseIDs(t *testing.T) {
 	}
 	if c := ids["box-host/a>192.0.2.5/tcp"]; c.Kind != "host-addr" || c.Layers != "host-input-guard" {
 		t.Errorf("host-addr case: kind %s layers %s", c.Kind, c.Layers)
+	}
+	w := ids["window/a>decoys"]
+	if w.Probe.Flood == nil || len(w.Probe.Flood.UDP) != 4 || len(w.Probe.Flood.TCP) != 5 || !strings.HasPrefix(w.Probe.Payload, probes.MarkerPrefix) {
+		t.Errorf("window flood to the blocked decoys = %+v %+v", w.Probe, w.Probe.Flood)
+	}
+	if w.Window != WindowReapply || !slices.Equal(w.Controls, []string{"ctl/a/window-public", "ctl/reapply"}) {
+		t.Errorf("window case: window %q controls %v", w.Window, w.Controls)
+	}
+	if c := ids["window/decoy>b"]; !slices.Contains(c.Controls, "ctl/decoy>host/window") || c.From != "decoy" {
+		t.Errorf("decoy→box window case = %+v", c)
 	}
 	if c.Probe.Timeout != time.Second {
 		t.Errorf("timeout not defaulted: %v", c.Probe.Timeout)

@@ -3,6 +3,7 @@ package drill
 import (
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/claudebox/claudebox/drill/probes"
 )
@@ -56,6 +57,26 @@ var (
 	ToCGNATDecoys    = Selector{"CGNAT and link-local decoys", decoys(isCGNAT, false)}
 	ToOtherNetTCP    = Selector{"the decoy on another local network, each TCP port", decoys(isOtherNet, true)}
 	ToOtherNet       = Selector{"the decoy on another local network", decoys(isOtherNet, false)}
+	FromDecoy        = Selector{"the decoy's LAN side", func(*Topology, Endpoint) []Endpoint { return []Endpoint{decoyEnd} }}
+	ToDecoyHostSide  = Selector{"the host's end of the decoy's LAN side", func(t *Topology, _ Endpoint) []Endpoint {
+		return []Endpoint{{Key: "host", Label: "host " + t.DecoyHostSide.String(), Addr: t.DecoyHostSide}}
+	}}
+	ToBlockedDecoys = Selector{"every blocked decoy and the other network", func(*Topology, Endpoint) []Endpoint {
+		return []Endpoint{{Key: "decoys", Label: "every blocked decoy and the other network"}}
+	}}
+	ToHostAll   = Selector{"every host address", func(*Topology, Endpoint) []Endpoint { return []Endpoint{{Key: "host", Label: "every host address"}} }}
+	ToConntrack = Selector{"the host's conntrack table", func(*Topology, Endpoint) []Endpoint {
+		return []Endpoint{{Key: "conntrack", Label: "flows from boxes to blocked decoys, and into boxes"}}
+	}}
+	reapplied      = Control{"ctl/reapply", EndHost, EndGateway}
+	dhcpRenew      = Control{"ctl/dhcp-renew", EndSource, EndGateway}
+	windowControls = []Control{{"ctl/window-public", EndSource, EndPublic}, reapplied}
+	toHostFlood    = func(_, to Endpoint, t *Topology) probes.Spec {
+		return flood(udpTo(t.HostUDP, to.Addr), tcpTo(t.HostTCP, to.Addr))
+	}
+	toBoxFlood = func(_, to Endpoint, _ *Topology) probes.Spec {
+		return flood(udpTo(probes.DefaultUDPPort, to.Box.IPv4), tcpTo(probes.DefaultTCPPort, to.Box.IPv4))
+	}
 	selfTCP, selfUDP = Control{"ctl/self-tcp", EndTarget, EndTarget}, Control{"ctl/self-udp", EndTarget, EndTarget}
 	inetTCP, inetDNS = Control{"internet/tcp", EndSource, EndPublic}, Control{"internet/dns", EndSource, EndPublic}
 	hostListener     = func(p string) Control { return Control{"ctl/host-" + p, EndHost, EndTarget} }
@@ -158,6 +179,101 @@ var Claims = []ClaimRow{
 	{Key: "ipv6/facts", Claim: ClaimIPv6, Kind: "facts", ID: "ipv6/{from}", From: FromBoxes, To: ToSelf, Probe: facts, Expect: None,
 		Controls: []Control{{"ctl/lease", EndSource, EndSource}}, Holds: any1(LayerIPv6Off)},
 
+	// Every second, not only a quiet one: while the lab makes Incus re-apply the network's
+	// firewall (Incus deletes its chains, NAT and ACL included, for about a second), every
+	// box floods every blocked decoy, the host and its siblings, and the host and the LAN
+	// side of the decoy flood into the boxes. Nothing may get through, and no flow may be
+	// left in conntrack. The ACL is absent in the window by definition: it is no layer here.
+	{Key: "ctl/reapply", Claim: ClaimControl, Kind: "reapply", ID: "ctl/reapply", From: FromHost, To: ToGateway, Expect: Open,
+		Probe: lab(KindLabReapply), Window: WindowReapply},
+	{Key: "ctl/window-public", Claim: ClaimControl, Kind: "flood", ID: "ctl/{from}/window-public", From: FromBoxes, To: ToPublic, Expect: Open,
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return flood(udpTo(DecoyUDP, to.Addr), tcpTo(DecoyTCP, to.Addr))
+		}, Window: WindowReapply},
+	{Key: "ctl/window-decoy", Claim: ClaimControl, Kind: "flood", ID: "ctl/decoy>{to}/window", From: FromDecoy, To: ToDecoyHostSide, Expect: Open,
+		Probe: toHostFlood, Window: WindowReapply},
+	{Key: "window/decoys", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>decoys", From: FromBoxes, To: ToBlockedDecoys, Expect: Dropped,
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
+			var u, c []netip.AddrPort
+			for _, d := range t.Decoys {
+				if isBlocked(d) || isOtherNet(d) {
+					u = append(u, udpTo(DecoyUDP, d.Addr)...)
+					for _, p := range d.Ports {
+						c = append(c, tcpTo(p, d.Addr)...)
+					}
+				}
+			}
+			return flood(u, c)
+		}, Controls: windowControls, Holds: any1(LayerWall), Window: WindowReapply},
+	{Key: "window/host", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>host", From: FromBoxes, To: ToHostAll, Expect: Dropped,
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
+			var u, c []netip.AddrPort
+			for _, h := range t.HostAddrs {
+				u, c = append(u, udpTo(t.HostUDP, h)...), append(c, tcpTo(t.HostTCP, h)...)
+			}
+			return flood(u, c)
+		}, Controls: windowControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowReapply},
+	{Key: "window/box", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>{to}", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
+		Probe: toBoxFlood, Controls: append([]Control{selfUDP}, windowControls...), Holds: boxBoxLayers, Window: WindowReapply},
+	{Key: "window/host-box", Claim: ClaimWindow, Kind: "flood", ID: "window/host>{to}", From: FromHost, To: ToBoxes, Expect: Dropped,
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
+	{Key: "window/decoy-box", Claim: ClaimWindow, Kind: "flood", ID: "window/decoy>{to}", From: FromDecoy, To: ToBoxes, Expect: Dropped,
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall), Window: WindowReapply},
+	{Key: "window/conntrack", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack", From: FromHost, To: ToConntrack, Expect: Dropped,
+		Probe: lab(KindLabConntrack), Controls: []Control{reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
+
+	// No spoofing: a box sends only from its own MAC and address, answers ARP only for its own
+	// address, and can neither release, steal nor invent a lease. The other end is the
+	// evidence: the decoy or the sibling heard the marker, the host's neighbour entry or the
+	// bridge's FDB moved, a lease came back. These run in a phase of their own: a successful
+	// spoof disturbs the victim's traffic.
+	{Key: "spoof/sibling-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}>{to}/sibling-ip", From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP, selfUDP}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
+	{Key: "spoof/any-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}/any-ip", From: FromBoxes, To: ToPublic,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP}, Holds: any1(LayerNICFiltering, LayerWall),
+		// The forged source is the other-network decoy's address: the public decoy's answer
+		// stays inside the decoy namespace, never on a real network.
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(t.otherNet(), to.Addr) }},
+	{Key: "spoof/arp", Claim: ClaimSpoof, Kind: "arp-spoof", ID: "spoof/{from}>{to}/arp", From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindARPSpoof, Target: t.Gateway.Addr().String(), Spoof: &probes.SpoofSpec{VictimIP: to.Box.IPv4.String()}}
+		}},
+	{Key: "spoof/mac", Claim: ClaimSpoof, Kind: "mac-spoof", ID: "spoof/{from}>{to}/mac", From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindMACSpoof, Spoof: &probes.SpoofSpec{VictimMAC: to.Box.MAC, VictimIP: to.Box.IPv4.String()}}
+		}},
+	{Key: "ctl/dhcp-renew", Claim: ClaimControl, Kind: "dhcp", ID: "ctl/{from}/dhcp-renew", From: FromBoxes, To: ToGateway, Expect: Lease, Window: WindowDHCP,
+		Probe: func(from, to Endpoint, _ *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPSteal, to.Addr, &probes.DHCPSpec{VictimIP: from.Box.IPv4.String(), AskMAC: from.Box.MAC})
+		}},
+	{Key: "dhcp/fake-mac", Claim: ClaimSpoof, Kind: "dhcp-fake-mac", ID: "dhcp/{from}/fake-mac", From: FromBoxes, To: ToGateway, Expect: NoLease,
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{})
+		}},
+	{Key: "dhcp/steal", Claim: ClaimSpoof, Kind: "dhcp-steal", ID: "dhcp/{from}>{to}/steal", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPSteal, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String()})
+		}},
+	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
+		}},
+
+	// Odd frames to a sibling: priority-tagged (VLAN 0) IPv4, IPv6, DHCP offer and router
+	// advertisement, a raw ethertype, ARP from 0.0.0.0. The sibling's capture is the evidence.
+	frameRow(probes.FrameVLAN0IPv4), frameRow(probes.FrameVLAN0IPv6), frameRow(probes.FrameVLAN0DHCPOffer),
+	frameRow(probes.FrameVLAN0RA), frameRow(probes.FrameEthertype), frameRow(probes.FrameARPZero),
+
+	// The resolver says nothing about itself (its upstreams and their query counters, which
+	// would let one box watch another's DNS activity, or its version).
+	chaosRow("servers.bind"), chaosRow("version.bind"),
+
 	// Host→box: the ACL's default ingress drop.
 	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,
 		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL)},
@@ -185,6 +301,45 @@ func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 		r.Probe = toAddrICMP
 	}
 	return r
+}
+
+func frameRow(variant string) ClaimRow {
+	return ClaimRow{Key: "frames/" + variant, Claim: ClaimFrames, Kind: "frame", ID: "frames/{from}>{to}/" + variant, From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP},
+		Holds: any1(LayerPortIso, LayerNICFiltering),
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: variant, DstMAC: to.Box.MAC, TargetIP: to.Box.IPv4.String()}}
+		}}
+}
+
+func chaosRow(name string) ClaimRow {
+	return ClaimRow{Key: "resolver/" + name, Claim: ClaimResolver, Kind: "dns-chaos", ID: "resolver/{from}/" + name, From: FromBoxes, To: ToGateway,
+		Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: any1(LayerNoIdent),
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindDNS, DNS: &probes.DNSQuery{Server: to.Addr.String(), Name: name, Type: "TXT", Class: "CH"}}
+		}}
+}
+
+func spoofUDP(src, dst netip.Addr) probes.Spec {
+	return probes.Spec{Kind: probes.KindSpoofUDP, Target: dst.String(), Port: DecoyUDP, Spoof: &probes.SpoofSpec{SrcIP: src.String()}}
+}
+
+// DHCPTimeout covers dnsmasq's ping before it offers an address to a new client (~3 s).
+const DHCPTimeout = 4 * time.Second
+
+func dhcpSpec(kind string, server netip.Addr, d *probes.DHCPSpec) probes.Spec {
+	d.Server = server.String()
+	return probes.Spec{Kind: kind, Timeout: DHCPTimeout, DHCP: d}
+}
+
+// otherNet is the decoy outside every blocked range.
+func (t *Topology) otherNet() netip.Addr {
+	for _, d := range t.Decoys {
+		if isOtherNet(d) {
+			return d.Addr
+		}
+	}
+	return netip.Addr{}
 }
 
 func otherNetRow(proto string, to Selector) ClaimRow {
@@ -270,3 +425,31 @@ func dnsq(server netip.Addr, name, typ string) probes.Spec {
 	return probes.Spec{Kind: probes.KindDNS, DNS: &probes.DNSQuery{Server: server.String(), Name: name, Type: typ}}
 }
 func facts(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindFacts} }
+
+// WindowFlood is how long a window row floods; the lab starts the re-apply WindowLead
+// after the floods start, and the re-apply must end inside the flood for the rows to count.
+const (
+	WindowFlood = 3 * time.Second
+	WindowLead  = 300 * time.Millisecond
+)
+
+func flood(udp, tcp []netip.AddrPort) probes.Spec {
+	f := &probes.FloodSpec{Duration: probes.Dur(WindowFlood)}
+	for _, a := range udp {
+		f.UDP = append(f.UDP, a.String())
+	}
+	for _, a := range tcp {
+		f.TCP = append(f.TCP, a.String())
+	}
+	return probes.Spec{Kind: probes.KindFlood, Timeout: WindowFlood + time.Second, Flood: f}
+}
+
+func udpTo(port int, a netip.Addr) []netip.AddrPort {
+	return []netip.AddrPort{netip.AddrPortFrom(a, uint16(port))}
+}
+func tcpTo(port int, a netip.Addr) []netip.AddrPort { return udpTo(port, a) }
+
+// lab is a row the lab itself observes (no probe runs anywhere).
+func lab(kind string) func(_, _ Endpoint, _ *Topology) probes.Spec {
+	return func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: kind} }
+}

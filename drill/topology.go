@@ -38,6 +38,7 @@ type Box struct {
 	LL       netip.Addr `json:"ipv6_link_local,omitzero"`
 	Hostname string     `json:"dhcp_hostname"` // what the agent sent as DHCP option 12
 	Veth     string     `json:"host_veth"`
+	MAC      string     `json:"mac"`
 	agent    string
 }
 
@@ -155,7 +156,7 @@ func (e *engine) readNIC(ctx context.Context, b *Box) error {
 			return err
 		}
 		if n, ok := st.Network["eth0"]; ok {
-			b.Veth = n.HostName
+			b.Veth, b.MAC = n.HostName, n.Hwaddr
 			for _, a := range n.Addresses {
 				if a.Family == "inet6" && a.Scope == "link" {
 					if ip, err := netip.ParseAddr(a.Address); err == nil {
@@ -307,12 +308,14 @@ func (e *engine) remint(ctx context.Context) error {
 	return err
 }
 
-// deleteBoxes removes the run's boxes (found by tag, so a half-minted one goes too).
+// deleteTagged removes drill boxes (found by tag, so a half-minted one goes too) through
+// boxcore, in parallel, and returns the names removed.
 func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instance) bool) []string {
 	insts, err := c.Instances(ctx, map[string]string{boxcore.TagKey: "1"}, false)
 	if err != nil {
 		return nil
 	}
+	bs := &boxcore.Boxes{Client: c}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var gone []string
@@ -323,10 +326,7 @@ func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instanc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if in.Status != "Stopped" {
-				_ = c.SetState(ctx, in.Name, "stop", true, 0)
-			}
-			if err := c.DeleteInstance(ctx, in.Name); err == nil || errors.Is(err, incus.ErrNotFound) {
+			if err := bs.Remove(ctx, &boxcore.Box{Name: in.Name, Instance: in}); err == nil || errors.Is(err, incus.ErrNotFound) {
 				mu.Lock()
 				gone = append(gone, in.Name)
 				mu.Unlock()

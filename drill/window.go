@@ -1,0 +1,238 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/firewall"
+)
+
+// window runs the rows of the re-apply window: every flood starts at once, the lab makes
+// Incus re-apply the network WindowLead later (the run's raw.dnsmasq lines, which it needs
+// anyway), and a watcher of nftables generations proves the re-apply began and ended
+// inside the floods. Then conntrack is read for flows that got through.
+//
+// afterReapply runs once the re-apply returned (or at once when there is no window).
+func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) error {
+	if len(rows) == 0 {
+		afterReapply()
+		return nil
+	}
+	var floods, labRows []*Row
+	for _, r := range rows {
+		if strings.HasPrefix(r.Probe.Kind, "lab-") {
+			labRows = append(labRows, r)
+		} else {
+			floods = append(floods, r)
+		}
+	}
+	w, err := firewall.Watch()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { defer close(done); e.execute(ctx, floods) }()
+	var reapplyErr error
+	select {
+	case <-ctx.Done():
+	case <-time.After(WindowLead):
+		e.windowGen++
+		reapplyErr = e.setDNSLines(ctx, true)
+	}
+	afterReapply()
+	<-done
+	end := time.Now()
+	gens := w.Stop()
+	for _, r := range labRows {
+		switch r.Probe.Kind {
+		case KindLabReapply:
+			r.Result = e.judgeReapply(gens, start, end, reapplyErr)
+		case KindLabConntrack:
+			r.Result = e.leftFlows()
+		}
+		r.Result.Probe = r.Probe
+		r.Observed = Observe(r.Case, r.Result)
+	}
+	return ctx.Err()
+}
+
+// judgeReapply: the window rows count only if the whole re-apply happened while the boxes
+// flooded (a re-apply that outlasted the flood, or none at all, proves nothing).
+func (e *engine) judgeReapply(gens []firewall.Generation, start, end time.Time, err error) probes.Result {
+	if err != nil {
+		return probes.Result{Outcome: probes.CheckFailed, Evidence: "triggering the re-apply: " + err.Error()}
+	}
+	ra, ok := firewall.ReapplyOf(gens, e.o.Stack.Network)
+	switch {
+	case !ok:
+		return probes.Result{Outcome: probes.CheckFailed, Evidence: "no re-apply of " + e.o.Stack.Network + " was seen during the flood"}
+	case ra.End.After(end):
+		return probes.Result{Outcome: probes.CheckFailed, Evidence: fmt.Sprintf("the re-apply (%.2fs) outlasted the flood", ra.End.Sub(ra.Start).Seconds())}
+	}
+	return probes.Result{Outcome: probes.Open, RTT: ra.End.Sub(ra.Start),
+		Evidence: fmt.Sprintf("Incus re-applied %s from +%.2fs to +%.2fs of a %.2fs flood", e.o.Stack.Network,
+			ra.Start.Sub(start).Seconds(), ra.End.Sub(start).Seconds(), end.Sub(start).Seconds())}
+}
+
+// leftFlows: conntrack entries from a box to a blocked decoy, or from outside into a box.
+// A flow is confirmed only once its first packet passed every hook, so any is a leak.
+func (e *engine) leftFlows() probes.Result {
+	var boxes, blocked []netip.Prefix
+	for _, b := range e.boxes {
+		boxes = append(boxes, netip.PrefixFrom(b.IPv4, 32))
+	}
+	outside := []netip.Prefix{netip.PrefixFrom(e.decoy.LAN.NSAddr, 32), netip.PrefixFrom(e.decoy.LAN.HostAddr, 32)}
+	for _, t := range e.decoy.Targets {
+		if t.Range != "public" {
+			blocked = append(blocked, netip.PrefixFrom(t.Addr, 32))
+		}
+	}
+	for _, h := range e.hostAddrs {
+		outside = append(outside, netip.PrefixFrom(h, 32))
+	}
+	out, err := firewall.FlowsBetween(boxes, blocked)
+	if err == nil {
+		var in []firewall.Flow
+		in, err = firewall.FlowsBetween(append(blocked, outside...), boxes)
+		for _, f := range in {
+			// dnsmasq's DHCP offers and acks leave the gateway as flows of their own.
+			if !(f.Src == e.gateway.Addr() && f.SrcPort == 67 && f.DstPort == 68) {
+				out = append(out, f)
+			}
+		}
+	}
+	switch {
+	case err != nil:
+		return probes.Result{Outcome: probes.CheckFailed, Evidence: err.Error()}
+	case len(out) > 0:
+		var s []string
+		for _, f := range out {
+			s = append(s, f.Text)
+		}
+		return probes.Result{Outcome: probes.Open, Evidence: fmt.Sprintf("%d flow(s) left: %s", len(out), strings.Join(s, "; "))}
+	}
+	return probes.Result{Outcome: probes.Dropped, Evidence: "no flow from a box to a blocked decoy, none into a box"}
+}
+
+// spoofPhase runs the spoofing and odd-frame rows after the shared batch (a spoof that
+// works disturbs its victim's traffic), then reads the host's side of the ARP and MAC
+// spoofs: the neighbour entry of the victim's address and the FDB entry of its MAC.
+func (e *engine) spoofPhase(ctx context.Context, rows []*Row) {
+	if len(rows) == 0 {
+		return
+	}
+	e.execute(ctx, rows)
+	k := boxcore.LocalKernel()
+	byName := map[string]*Box{}
+	for _, b := range e.boxes {
+		byName[b.Name] = b
+	}
+	for _, r := range rows {
+		victim := byName[r.To]
+		if victim == nil || r.Observed == Open {
+			continue
+		}
+		switch r.Probe.Kind {
+		case probes.KindARPSpoof:
+			mac, err := k.NeighbourMAC(e.o.Stack.Network, victim.IPv4)
+			if err == nil && mac != "" && mac != strings.ToLower(victim.MAC) {
+				r.Observed, r.Result.Evidence = Open, fmt.Sprintf("the host's neighbour entry for %s moved to %s (the victim is %s)", victim.IPv4, mac, victim.MAC)
+			}
+		case probes.KindMACSpoof:
+			ports, err := k.FDBPorts(e.o.Stack.Network, victim.MAC)
+			for _, p := range ports {
+				if err == nil && p != victim.Veth {
+					r.Observed, r.Result.Evidence = Open, fmt.Sprintf("the bridge learnt %s on %s (the victim's port is %s)", victim.MAC, p, victim.Veth)
+				}
+			}
+		}
+	}
+}
+
+// runInDecoy runs a batch inside the decoy namespace (a child process: every socket the
+// probes open must be opened in the namespace, on whatever thread runs them).
+func (e *engine) runInDecoy(ctx context.Context, specs []probes.Spec) ([]probes.Result, error) {
+	in, err := json.Marshal(specs)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", e.decoy.NS, e.o.Binary, "probe", "run")
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	raw, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("probe run in %s: %v: %s", e.decoy.NS, err, strings.TrimSpace(stderr.String()))
+	}
+	var out []probes.Result
+	if err := json.Unmarshal(raw, &out); err != nil || len(out) != len(specs) {
+		return nil, fmt.Errorf("probe run in %s: %d results for %d probes (%v)", e.decoy.NS, len(out), len(specs), err)
+	}
+	return out, nil
+}
+
+// heard turns a negative row whose marker reached any receiver (the decoy, the host's
+// listener, a box's) into "open": the other end's view outranks the sender's silence.
+func heard(rows []*Row, hits map[string][]probes.Hit) {
+	for _, r := range rows {
+		if !r.Expected.Negative() || r.Probe.Payload == "" || !activeKind(r.Probe.Kind) {
+			continue
+		}
+		var seen []string
+		for where, hs := range hits {
+			for _, h := range hs {
+				if strings.Contains(h.Payload, r.Probe.Payload) || h.Frame != nil && h.Frame.Marker == r.Probe.Payload {
+					seen = append(seen, fmt.Sprintf("%s heard %s from %s", where, h.Proto, h.Peer))
+				}
+			}
+		}
+		if len(seen) > 0 {
+			r.Observed = Open
+			r.Result.Evidence = strings.Join(uniq(seen), ", ")
+		}
+	}
+}
+
+func uniq(xs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// allHits collects what every receiver recorded: the decoy, the host's listener, each box.
+func (e *engine) allHits(ctx context.Context) map[string][]probes.Hit {
+	out := map[string][]probes.Hit{"decoy": e.decoy.Hits()}
+	if e.hostL != nil {
+		out["host"] = e.hostL.Hits()
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, b := range e.boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := e.hits(ctx, b)
+			mu.Lock()
+			out[b.Name] = h
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
