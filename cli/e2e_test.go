@@ -115,6 +115,33 @@ func TestClaudeBoxEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("an interrupt during cloud-init is named as such and leaves nothing", func(t *testing.T) {
+		bs := &boxcore.Boxes{Client: c, Stack: h.stack, Version: "test"}
+		name := h.name("intr")
+		cfg := map[string]string{"cloud-init.user-data": "#cloud-config\nruncmd:\n  - [sleep, '600']\n"}
+		maps.Copy(cfg, teststack.Tag())
+		ictx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		sigint := errors.New("SIGINT")
+		var at time.Time
+		_, err := bs.New(ictx, boxcore.NewOptions{Name: name, Image: img.Alias, Config: cfg,
+			FirstBoot: &boxcore.FirstBoot{Required: true, Timeout: 15 * time.Minute},
+			Progress: func(p boxcore.Progress) {
+				if p.Stage == "first boot" {
+					time.AfterFunc(3*time.Second, func() { at = time.Now(); cancel(sigint) })
+				}
+			}})
+		var ie *boxcore.InterruptedError
+		if !errors.As(err, &ie) || !errors.Is(err, sigint) || !strings.Contains(err.Error(), "interrupted (SIGINT) while waiting for the first boot") ||
+			strings.Contains(err.Error(), "did not finish within") {
+			t.Fatalf("interrupted first boot: %v", err)
+		}
+		t.Logf("interrupt during cloud-init: %v, %v after the interrupt", err, time.Since(at).Round(time.Millisecond))
+		if _, _, err := c.Instance(ctx, name); !errors.Is(err, incus.ErrNotFound) {
+			t.Fatalf("an interrupted new left its box: %v", err)
+		}
+	})
+
 	t.Run("the box is on the stack", func(t *testing.T) {
 		in, _, err := c.Instance(ctx, box)
 		if err != nil {
