@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -61,7 +62,11 @@ func Remove(t testing.TB, c *incus.Client, s boxcore.Stack) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	deleteInstances(ctx, t, c, func(in incus.Instance) bool { return in.Config[testenv.TagKey] == testenv.RunID() })
+	// This run's tagged instances, and anything else on this test stack: a box a test minted
+	// through the binary and was killed before it could tag it still sits on the profile.
+	deleteInstances(ctx, t, c, func(in incus.Instance) bool {
+		return in.Config[testenv.TagKey] == testenv.RunID() || slices.Contains(in.Profiles, s.Profile)
+	})
 	h := boxcore.NewHost(c, s)
 	p, err := h.PlanTeardown(ctx, true)
 	if err != nil {
@@ -97,7 +102,9 @@ func Sweep(t testing.TB, c *incus.Client) {
 			continue
 		}
 		t.Logf("sweep: tearing down test stack %s left by run %s", n.Name, run)
-		h := boxcore.NewHost(c, boxcore.NamedStack(n.Name))
+		dead := boxcore.NamedStack(n.Name)
+		deleteInstances(ctx, t, c, func(in incus.Instance) bool { return slices.Contains(in.Profiles, dead.Profile) })
+		h := boxcore.NewHost(c, dead)
 		if p, err := h.PlanTeardown(ctx, true); err == nil {
 			_, _ = h.ApplyTeardown(ctx, p)
 		}
