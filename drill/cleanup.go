@@ -32,11 +32,19 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		done = append(done, "instance "+n)
 	}
 	links, _ := netlink.LinkList()
+	var veths int
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, VethPrefix) && l.Type() == "veth" {
+		if isDrillVeth(l) {
 			if netlink.LinkDel(l) == nil {
+				veths++
 				done = append(done, "veth "+l.Attrs().Name+" (and its routes)")
 			}
+		}
+	}
+	if veths > 0 {
+		// A dead run may have left its public decoy admitted as an uplink of the wall.
+		if changed, err := boxcore.NewHost(c, boxcore.DefaultStack()).ApplyFirewall(ctx); err == nil && changed {
+			done = append(done, "the wall's uplinks (a dead run's decoy admitted)")
 		}
 	}
 	ents, _ := os.ReadDir("/run/netns")
@@ -54,7 +62,7 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		return done, err
 	}
 	for _, n := range nets {
-		if !n.Managed || !strings.Contains(n.Config["raw.dnsmasq"], "/"+TestDomain+"/") {
+		if !n.Managed || !hasDrillLines(n.Config["raw.dnsmasq"]) {
 			continue
 		}
 		full, _, err := c.Network(ctx, n.Name)
@@ -84,13 +92,13 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 	}
 	links, _ := netlink.LinkList()
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+		if isDrillVeth(l) {
 			out = append(out, "link "+l.Attrs().Name)
 		}
 	}
 	routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
 	for _, r := range routes {
-		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && isDrillVeth(l) {
 			out = append(out, "route "+r.String())
 		}
 	}
@@ -105,9 +113,26 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 		return out, err
 	}
 	for _, n := range nets {
-		if strings.Contains(n.Config["raw.dnsmasq"], "/"+TestDomain+"/") {
+		if hasDrillLines(n.Config["raw.dnsmasq"]) {
 			out = append(out, "raw.dnsmasq forwarder on "+n.Name)
 		}
 	}
 	return out, nil
+}
+
+// VethAlias marks the decoy's veths (IFLA_IFALIAS): cleanup removes a veth only when it
+// carries it, never one that merely shares the name prefix.
+const VethAlias = "claudebox-drill decoy"
+
+func isDrillVeth(l netlink.Link) bool {
+	return l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, VethPrefix) && strings.HasPrefix(l.Attrs().Alias, VethAlias)
+}
+
+func hasDrillLines(raw string) bool {
+	for _, l := range strings.Split(raw, "\n") {
+		if IsForwarderLine(l) {
+			return true
+		}
+	}
+	return false
 }

@@ -399,6 +399,9 @@ func (l DecoyLink) up(ns netns.NsHandle, nh *netlink.Handle) error {
 	if err != nil {
 		return err
 	}
+	if err := netlink.LinkSetAlias(host, VethAlias+" "+l.HostVeth); err != nil {
+		return fmt.Errorf("decoy: marking %s: %w", l.HostVeth, err)
+	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(l.HostAddr, 30)}); err != nil {
 		return fmt.Errorf("decoy: address on %s: %w", l.HostVeth, err)
 	}

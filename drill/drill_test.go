@@ -1,6 +1,9 @@
 package drill
 
 import (
+	"os"
+
+	"github.com/vishvananda/netlink"
 	"net/netip"
 	"strings"
 	"testing"
@@ -47,5 +50,52 @@ func TestBoxNames(t *testing.T) {
 	}
 	if JSONLPath("/x/RUNS.md") != "/x/RUNS.jsonl" {
 		t.Fatal(JSONLPath("/x/RUNS.md"))
+	}
+}
+
+// A VM-mode run records itself as one (the report used to say "container mode" whatever ran).
+func TestReportRecordsInstanceType(t *testing.T) {
+	for vm, want := range map[bool]string{true: "virtual-machine", false: "container"} {
+		r := (&engine{o: Options{VM: vm, Boxes: 2}}).newReport()
+		r.finish()
+		if r.InstanceType != want || (vm && strings.Contains(r.VMBoundary, "not validated")) {
+			t.Errorf("VM %v: instance type %q, boundary %q", vm, r.InstanceType, r.VMBoundary)
+		}
+	}
+}
+
+// Boxes that never got ready leave no nil behind in the run's list.
+func TestCompactBoxes(t *testing.T) {
+	a, b := &Box{Name: "a"}, &Box{Name: "b"}
+	if got := compact([]*Box{nil, a, nil, b}); len(got) != 2 || got[0] != a || got[1] != b {
+		t.Fatalf("compact = %v", got)
+	}
+}
+
+// --cleanup removes only veths carrying the decoy's mark, not every veth named cbdr*.
+func TestCleanupNeedsTheMark(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	name := VethPrefix + "t" + NewRunID()[:4] + "h"
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name[:len(name)-1] + "n"}
+	if err := netlink.LinkAdd(v); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if l, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	}()
+	l, _ := netlink.LinkByName(name)
+	if isDrillVeth(l) {
+		t.Fatal("an unmarked veth counts as the drill's")
+	}
+	if err := netlink.LinkSetAlias(l, VethAlias+" "+name); err != nil {
+		t.Fatal(err)
+	}
+	l, _ = netlink.LinkByName(name)
+	if !isDrillVeth(l) {
+		t.Fatal("a marked veth does not count as the drill's")
 	}
 }

@@ -153,7 +153,7 @@ func acquireLock() (*os.File, error) {
 
 // Run runs the drill: the matrix, then the seeded holes when SelfTest is set. The report is
 // returned even when the run failed part-way (with Error set).
-func Run(ctx context.Context, o Options) (*Report, error) {
+func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if o.Boxes < 2 {
 		o.Boxes = 2
 	}
@@ -161,26 +161,33 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		o.Timeout = 1500 * time.Millisecond
 	}
 	e := &engine{o: o, c: o.Client, run: NewRunID(), start: time.Now(), host: boxcore.NewHost(o.Client, o.Stack)}
-	rep := &Report{RunID: e.run, Started: e.start.UTC(), Stack: o.Stack.Network, Boxes: o.Boxes}
-	lock, err := acquireLock()
-	if err != nil {
-		return nil, err
+	rep = e.newReport()
+	lock, lerr := acquireLock()
+	if lerr != nil {
+		return nil, lerr
 	}
 	e.lock = lock
 	defer lock.Close()
 
+	// Teardown runs detached from ctx (a Ctrl-C still cleans up), and deferred: a panic in
+	// a phase must not leave boxes, decoys or the uplink admission behind.
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = e.phase("teardown", func() error { return e.teardown(tctx) })
+		rep.Phases = e.phases
+		rep.Wall = time.Since(e.start)
+		if err != nil {
+			rep.Error = err.Error()
+		}
+		rep.finish()
+	}()
 	err = e.runAll(ctx, rep)
-	// Teardown runs detached from ctx: a Ctrl-C still cleans up.
-	tctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	_ = e.phase("teardown", func() error { return e.teardown(tctx) })
-	rep.Phases = e.phases
-	rep.Wall = time.Since(e.start)
-	if err != nil {
-		rep.Error = err.Error()
-	}
-	rep.finish()
 	return rep, err
+}
+
+func (e *engine) newReport() *Report {
+	return &Report{RunID: e.run, Started: e.start.UTC(), Stack: e.o.Stack.Network, Boxes: e.o.Boxes, InstanceType: e.instanceType()}
 }
 
 func (e *engine) runAll(ctx context.Context, rep *Report) error {

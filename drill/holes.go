@@ -151,7 +151,8 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		hr.Layers, _ = e.host.ReadLayers(ctx, e.boxNames())
 		m, applyErr = e.matrix(ctx)
 	}
-	if rerr := restore(); rerr != nil {
+	rerr := restore()
+	if rerr != nil {
 		hr.RestoreErr = rerr.Error()
 	}
 	if r, err := e.host.Check(ctx); err == nil {
@@ -165,6 +166,11 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	hr.Elapsed = time.Since(t)
 	if applyErr != nil {
 		return hr, fmt.Errorf("seeded hole %q: %w", h.Name, applyErr)
+	}
+	if rerr != nil {
+		// A failed restore or re-mint ends the self-test: the next hole would start from a
+		// host (or a set of boxes) that is not the one it is meant to test.
+		return hr, fmt.Errorf("seeded hole %q: restoring: %w", h.Name, rerr)
 	}
 	hr.Matrix = m
 	for _, r := range m.Rows {

@@ -429,8 +429,10 @@ func facts(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: pr
 // WindowFlood is how long a window row floods; the lab starts the re-apply WindowLead
 // after the floods start, and the re-apply must end inside the flood for the rows to count.
 const (
-	WindowFlood = 3 * time.Second
-	WindowLead  = 300 * time.Millisecond
+	WindowFlood = 2500 * time.Millisecond
+	WindowLead  = 200 * time.Millisecond
+	// floodTail is how long a flood waits for late echoes after it stops sending.
+	floodTail = 300 * time.Millisecond
 )
 
 func flood(udp, tcp []netip.AddrPort) probes.Spec {
@@ -441,7 +443,7 @@ func flood(udp, tcp []netip.AddrPort) probes.Spec {
 	for _, a := range tcp {
 		f.TCP = append(f.TCP, a.String())
 	}
-	return probes.Spec{Kind: probes.KindFlood, Timeout: WindowFlood + time.Second, Flood: f}
+	return probes.Spec{Kind: probes.KindFlood, Timeout: WindowFlood + floodTail, Flood: f}
 }
 
 func udpTo(port int, a netip.Addr) []netip.AddrPort {

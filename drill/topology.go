@@ -85,7 +85,19 @@ func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
 		}()
 	}
 	wg.Wait()
-	return boxes, errors.Join(errs...)
+	return compact(boxes), errors.Join(errs...)
+}
+
+// compact drops the boxes that never got ready: a run goes on (or tears down) with the
+// boxes it has, never with holes in the list.
+func compact(bs []*Box) []*Box {
+	out := bs[:0:0]
+	for _, b := range bs {
+		if b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // waitReady polls the agent until the box holds a lease, then reads its link-local address

@@ -16,13 +16,35 @@ import (
 	"github.com/claudebox/claudebox/firewall"
 )
 
-// window runs the rows of the re-apply window: every flood starts at once, the lab makes
+// window runs the re-apply window; when Incus's re-apply outlasted the floods (a loaded
+// host: up to several seconds), it runs them once more, twice as long, before the rows are
+// left check-failed.
+func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) error {
+	err := e.windowOnce(ctx, rows, afterReapply, 1)
+	if err != nil || !e.reapplyOutlasted(rows) {
+		return err
+	}
+	e.progress("  the re-apply outlasted the flood: once more, twice as long")
+	return e.windowOnce(ctx, rows, func() {}, 2)
+}
+
+func (e *engine) reapplyOutlasted(rows []*Row) bool {
+	for _, r := range rows {
+		if r.Probe.Kind == KindLabReapply && r.Observed == CheckFailed && strings.Contains(r.Result.Evidence, "outlasted") {
+			return true
+		}
+	}
+	return false
+}
+
+// windowOnce runs the rows of the re-apply window: every flood starts at once, the lab makes
 // Incus re-apply the network WindowLead later (the run's raw.dnsmasq lines, which it needs
 // anyway), and a watcher of nftables generations proves the re-apply began and ended
 // inside the floods. Then conntrack is read for flows that got through.
 //
-// afterReapply runs once the re-apply returned (or at once when there is no window).
-func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) error {
+// afterReapply runs once the re-apply returned (or at once when there is no window); each
+// flood lasts stretch times its planned duration.
+func (e *engine) windowOnce(ctx context.Context, rows []*Row, afterReapply func(), stretch int) error {
 	if len(rows) == 0 {
 		afterReapply()
 		return nil
@@ -31,9 +53,14 @@ func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) e
 	for _, r := range rows {
 		if strings.HasPrefix(r.Probe.Kind, "lab-") {
 			labRows = append(labRows, r)
-		} else {
-			floods = append(floods, r)
+			continue
 		}
+		if f := r.Probe.Flood; f != nil && stretch > 1 {
+			d := f.Duration.D()
+			f.Duration = probes.Dur(d * time.Duration(stretch))
+			r.Probe.Timeout += f.Duration.D() - d
+		}
+		floods = append(floods, r)
 	}
 	w, err := firewall.Watch()
 	if err != nil {

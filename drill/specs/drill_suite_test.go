@@ -4,8 +4,10 @@
 //
 //	ginkgo ./drill/...   or   go test ./drill/...   (root and a running Incus daemon)
 //
-// The run is appended to the repository's RUNS.md (and RUNS.jsonl). It skips when not
-// root and fails when root and the daemon is down (testenv.RequireIncus).
+// The run is appended to $CLAUDEBOX_DRILL_RECORD, else to the user's drill record
+// (drill.DefaultRecord): never to the repository's RUNS.md, which `make drill` writes, so a
+// test run leaves the tree clean. It skips when not root and fails when root and the daemon
+// is down (testenv.RequireIncus).
 package specs
 
 import (
@@ -37,10 +39,12 @@ var (
 	runErr error
 )
 
-// repoRecord is the repository's RUNS.md (the suite runs in drill/specs).
-func repoRecord() string {
-	wd, _ := os.Getwd()
-	return filepath.Join(wd, "..", "..", "RUNS.md")
+// suiteRecord is where the suite appends its run.
+func suiteRecord() string {
+	if p := os.Getenv("CLAUDEBOX_DRILL_RECORD"); p != "" {
+		return p
+	}
+	return drill.DefaultRecord()
 }
 
 func TestDrill(t *testing.T) {
@@ -63,8 +67,10 @@ func TestDrill(t *testing.T) {
 		Progress: GinkgoWriter, SelfTest: os.Getenv("CLAUDEBOX_DRILL_NO_SELFTEST") == "",
 	})
 	if report != nil {
-		if err := report.Append(repoRecord()); err != nil {
-			t.Logf("appending to %s: %v", repoRecord(), err)
+		if err := report.Append(suiteRecord()); err != nil {
+			t.Logf("appending to %s: %v", suiteRecord(), err)
+		} else {
+			t.Logf("drill run recorded in %s", suiteRecord())
 		}
 	}
 	declare()
