@@ -1,12 +1,12 @@
 package drill
 
 import (
-	"os"
-
-	"github.com/vishvananda/netlink"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 )
 
 func TestPickEdgesSkipsClaims(t *testing.T) {
