@@ -112,6 +112,13 @@ func TestSummariesAreWhatNftCompiles(t *testing.T) {
 				s.Blocked = append(s.Blocked, netip.MustParsePrefix(p))
 			}
 			nftMatchesOurs(t, ns, s)
+			// Port bindings.
+			s.Bridge += "p"
+			s.Ports = []PortBinding{
+				{Port: "veth0a1b2c3d", MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0xfd, 0xbb, 0x6c}, IPv4: netip.MustParseAddr("10.77.12.5")},
+				{Port: "p2", MAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}, IPv4: netip.MustParseAddr("10.77.12.254")},
+			}
+			nftMatchesOurs(t, ns, s)
 		}
 	}
 }
@@ -155,10 +162,11 @@ func TestDrift(t *testing.T) {
 	var bridgeRuleCmds string
 	inputRules := 0
 	for _, r := range Desired(s) {
-		if r.Table == bt {
+		if r.Table == bt && r.Chain == ForwardChain {
 			bridgeRuleCmds += "add rule bridge " + bt + " forward " + r.Summary + "\n"
 		}
 		switch {
+		case r.Table == bt && r.Chain != ForwardChain:
 		case r.Table == bt && first.Summary == "":
 			first = r
 		case r.Table == bt:
@@ -230,7 +238,7 @@ func TestDrift(t *testing.T) {
 		},
 		{
 			name: "chain at another priority",
-			tamper: []string{"delete table bridge " + bt, "add table bridge " + bt,
+			tamper: []string{"delete chain bridge " + bt + " forward",
 				"add chain bridge " + bt + " forward { type filter hook forward priority 100; policy accept; }\n" +
 					bridgeRuleCmds},
 			want: []Drift{{What: "chain bridge " + bt + " forward", Expected: "type filter hook forward priority -200 policy accept",
@@ -311,7 +319,8 @@ func TestApplyFromPartial(t *testing.T) {
 	bt, _ := TableNames(s.Bridge)
 	nft(t, ns, "add", "table", "bridge", bt)
 	d := check(t, s)
-	if len(d) != 3 || d[0].What != "chain bridge "+bt+" forward" || d[1].Actual != absent || d[2].Actual != absent {
+	if len(d) != 6 || d[0].What != "chain bridge "+bt+" forward" || d[3].What != "chain bridge "+bt+" output" ||
+		d[4].Actual != absent || d[5].Actual != absent {
 		t.Fatalf("partial: %v", d)
 	}
 	apply(t, s, true)

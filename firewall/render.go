@@ -108,6 +108,7 @@ const (
 	kindCtState
 	kindEthertype
 	kindAddrType
+	kindMAC
 )
 
 // regVal is what a register holds: a label for the source, how to format
@@ -282,6 +283,8 @@ func (r *renderer) payload(b []byte) bool {
 		{expr.PayloadBaseTransportHeader, 0, 2}: {label: "th sport", kind: kindPort, width: 2},
 		{expr.PayloadBaseTransportHeader, 2, 2}: {label: "th dport", kind: kindPort, width: 2},
 		{expr.PayloadBaseLLHeader, 12, 2}:       {label: "ether type", kind: kindEthertype, width: 2},
+		{expr.PayloadBaseLLHeader, 6, 6}:        {label: "ether saddr", kind: kindMAC, width: 6},
+		{expr.PayloadBaseNetworkHeader, 8, 6}:   {label: "arp saddr ether", kind: kindMAC, width: 6},
 	}
 	pb := expr.PayloadBase(base)
 	if name, ok := addrs[field{pb, off, 4}]; ok && ln >= 1 && ln <= 4 {
@@ -409,6 +412,15 @@ func (r *renderer) cmp(b []byte) bool {
 		if ones, bits := net.IPMask(v.mask).Size(); v.kind == kindIPv4 && v.width == 4 && bits == 32 &&
 			eqNeq && isZero(v.xor) && len(data) == 4 && net.IP(data).Mask(v.mask).Equal(net.IP(data)) {
 			r.tokens = append(r.tokens, fmt.Sprintf("%s %s%s/%d", v.label, opStr, net.IP(data), ones))
+			return true
+		}
+		if isZero(v.xor) && len(v.mask) == len(data) {
+			// `@nh,48,16 & 0x3fff != 0x0000`, as nft reads it back in (an
+			// equality spelled out: nft reads `a & m v` no other way).
+			if expr.CmpOp(op) == expr.CmpOpEq {
+				opStr = "== "
+			}
+			r.tokens = append(r.tokens, fmt.Sprintf("%s & 0x%x %s0x%x", v.label, v.mask, opStr, data))
 			return true
 		}
 		r.tokens = append(r.tokens, fmt.Sprintf("%s & 0x%x ^ 0x%x %s0x%x", v.label, v.mask, v.xor, opStr, data))
@@ -546,6 +558,8 @@ func formatValue(v *regVal, data []byte) string {
 		}
 	case kindPort:
 		return fmt.Sprintf("%d", binary.BigEndian.Uint16(data))
+	case kindMAC:
+		return net.HardwareAddr(data).String()
 	case kindAddrType:
 		names := map[uint32]string{
 			unix.RTN_UNICAST: "unicast", unix.RTN_LOCAL: "local", unix.RTN_BROADCAST: "broadcast",

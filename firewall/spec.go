@@ -76,6 +76,10 @@ type Spec struct {
 	// the interfaces of the kernel's IPv4 default routes (see Resolved); if
 	// there are none, boxes have no egress at all.
 	Uplinks []string
+
+	// Ports bind bridge ports to the MAC and IPv4 address the box behind
+	// each may send from (see ports.go). A port not listed is not checked.
+	Ports []PortBinding
 }
 
 // L2Mode selects the bridge-family match for box→box frames.
@@ -172,7 +176,10 @@ func (s Spec) Validate() error {
 	default:
 		return fmt.Errorf("firewall: unknown L2 mode %q", s.L2)
 	}
-	return validateWall(s)
+	if err := validateWall(s); err != nil {
+		return err
+	}
+	return validatePorts(s)
 }
 
 // Family names as nft spells them.
@@ -237,11 +244,12 @@ func (c Chain) Header() string {
 // DesiredChains returns the base chains the spec needs, in table order.
 func DesiredChains(s Spec) []Chain {
 	bt, gt := TableNames(s.Bridge)
-	return append([]Chain{
-		{Table: bt, Family: FamilyBridge, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: BridgeFwdPrio, Policy: "accept"},
-		{Table: gt, Family: FamilyInet, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
-		{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
-	}, wallChains(s)...)
+	out := []Chain{{Table: bt, Family: FamilyBridge, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: BridgeFwdPrio, Policy: "accept"}}
+	out = append(out, bridgeL2Chains(s)...)
+	return append(append(out,
+		Chain{Table: gt, Family: FamilyInet, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
+		Chain{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
+	), wallChains(s)...)
 }
 
 // Desired returns the rules, in chain order, that Apply installs for s.
@@ -281,6 +289,8 @@ func Desired(s Spec) []Rule {
 			br("box→box ARP switched on the bridge, by target address", cat(bridgeARP(24, n), drop)...),
 		)
 	}
+	rules = append(rules, portRules(s)...)
+	rules = append(rules, l2RangeRules(s)...)
 	rules = append(rules,
 		fwd("box→box routed through the gateway (hairpin), and bridged box→box while br_netfilter hands bridged IP to inet",
 			cat(ifname(expr.MetaKeyIIFNAME, s.Bridge), ifname(expr.MetaKeyOIFNAME, s.Bridge), drop)...),

@@ -74,6 +74,12 @@ func TestDesiredGolden(t *testing.T) {
 	}
 	gw := net.ParseIP("10.77.12.1")
 	up := []string{"eth0"}
+	// No ports bound, no blocked ranges: the L2 host→box rules only.
+	l2 := []string{
+		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto tcp @th,104,8 & 0x12 == 0x02 drop`,
+		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto udp th sport != 53 th sport != 67 drop`,
+		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto icmp @th,0,8 0x08 drop`,
+	}
 	for _, c := range []struct {
 		spec   Spec
 		bridge []string
@@ -99,7 +105,7 @@ func TestDesiredGolden(t *testing.T) {
 			plen = 24
 		}
 		wall := strings.Split(strings.ReplaceAll(wallGolden(nil, up), "/24", fmt.Sprintf("/%d", plen)), "\n")
-		want := append(append(append([]string{}, c.bridge...), guard...), wall...)
+		want := append(append(append(append([]string{}, c.bridge...), l2...), guard...), wall...)
 		got := Desired(c.spec)
 		var lines []string
 		for _, r := range got {
@@ -118,6 +124,9 @@ func TestDesiredGolden(t *testing.T) {
 	}
 	wantH := []string{
 		"bridge claudebox_claudenet forward: type filter hook forward priority -200 policy accept",
+		"bridge claudebox_claudenet prerouting: type filter hook prerouting priority -200 policy accept",
+		"bridge claudebox_claudenet input: type filter hook input priority -200 policy accept",
+		"bridge claudebox_claudenet output: type filter hook output priority -200 policy accept",
 		"inet claudebox_claudenet_guard forward: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
 		"inet claudebox_claudenet_wall prerouting: type filter hook prerouting priority -300 policy accept",

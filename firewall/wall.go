@@ -61,31 +61,48 @@ const (
 )
 
 // Parts lists every part, in table order.
-func Parts() []Part { return []Part{PartBridge, PartGuard, PartWall} }
+func Parts() []Part { return []Part{PartBridge, PartPorts, PartL2Ranges, PartGuard, PartWall} }
 
-// RemovePart switches one part off in one netlink batch. A part that is
-// already absent is not an error.
+// RemovePart switches one part off. A part that is already absent is not an
+// error. The bridge table's parts are its chains (forward; prerouting; input
+// and output), so each goes alone.
 func RemovePart(s Spec, p Part) error {
 	if err := validateBridge(s.Bridge); err != nil {
 		return err
 	}
 	bt, gt := TableNames(s.Bridge)
+	switch p {
+	case PartBridge:
+		return removeChains(bt, FamilyBridge, ForwardChain)
+	case PartPorts:
+		return removeChains(bt, FamilyBridge, PreroutingChain)
+	case PartL2Ranges:
+		return removeChains(bt, FamilyBridge, InputChain, OutputChain)
+	case PartGuard:
+		return removeChains(gt, FamilyInet, InputChain)
+	case PartWall:
+		cc, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		cc.DelTable(&nftables.Table{Name: WallTableName(s.Bridge), Family: nftables.TableFamilyINet})
+		if err := cc.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("firewall: remove part %s of %s: %w", p, s.Bridge, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("firewall: unknown part %q", p)
+}
+
+// delChain deletes one chain in its own batch; absent is not an error.
+func delChain(table, fam, chain string) error {
 	cc, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	switch p {
-	case PartBridge:
-		cc.DelTable(&nftables.Table{Name: bt, Family: nftables.TableFamilyBridge})
-	case PartGuard:
-		cc.DelChain(&nftables.Chain{Name: InputChain, Table: &nftables.Table{Name: gt, Family: nftables.TableFamilyINet}})
-	case PartWall:
-		cc.DelTable(&nftables.Table{Name: WallTableName(s.Bridge), Family: nftables.TableFamilyINet})
-	default:
-		return fmt.Errorf("firewall: unknown part %q", p)
-	}
+	cc.DelChain(&nftables.Chain{Name: chain, Table: &nftables.Table{Name: table, Family: familyByte(fam)}})
 	if err := cc.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("firewall: remove part %s of %s: %w", p, s.Bridge, err)
+		return fmt.Errorf("firewall: remove chain %s %s %s: %w", fam, table, chain, err)
 	}
 	return nil
 }
@@ -97,7 +114,11 @@ func (o Observed) PartPresent(p Part) bool {
 	for _, t := range o.Tables {
 		switch {
 		case p == PartBridge && t.Name == bt && t.Family == FamilyBridge:
-			return t.Present && len(t.Chains) > 0
+			return t.Present && findChain(t.Chains, ForwardChain) != nil
+		case p == PartPorts && t.Name == bt && t.Family == FamilyBridge:
+			return t.Present && findChain(t.Chains, PreroutingChain) != nil
+		case p == PartL2Ranges && t.Name == bt && t.Family == FamilyBridge:
+			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil
 		case p == PartGuard && t.Name == gt && t.Family == FamilyInet:
 			return t.Present && findChain(t.Chains, InputChain) != nil
 		case p == PartWall && t.Name == WallTableName(o.Bridge) && t.Family == FamilyInet:
@@ -105,6 +126,30 @@ func (o Observed) PartPresent(p Part) bool {
 		}
 	}
 	return false
+}
+
+// Bound returns the port bindings the kernel's prerouting chain holds rules
+// for (by the port names its rules match), for a reader that wants to know
+// which ports are bound without the spec.
+func (o Observed) Bound() []string {
+	bt, _ := TableNames(o.Bridge)
+	var out []string
+	seen := map[string]bool{}
+	for _, t := range o.Tables {
+		if t.Name != bt || t.Family != FamilyBridge {
+			continue
+		}
+		if c := findChain(t.Chains, PreroutingChain); c != nil {
+			for _, r := range c.Rules {
+				var name string
+				if _, err := fmt.Sscanf(r, "iifname %q", &name); err == nil && !seen[name] {
+					seen[name] = true
+					out = append(out, name)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // DefaultUplinks returns the interfaces of the main table's IPv4 default
