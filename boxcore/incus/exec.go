@@ -77,124 +77,17 @@ func (c *Client) ExecInteractive(ctx context.Context, inst string, req ExecReque
 }
 
 func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
-	if len(req.Command) == 0 {
-		return -1, errors.New("incus: exec: empty command")
-	}
-	body := execPost{
-		Command: req.Command, Environment: req.Env, WaitForWebsocket: true, Interactive: tty,
-		User: req.User, Group: req.Group, Cwd: req.Cwd,
-	}
-	if tty {
-		body.Width, body.Height = width, height
-		if body.Width <= 0 || body.Height <= 0 {
-			body.Width, body.Height = 80, 24
-		}
-	}
-	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances/"+esc(inst)+"/exec", body, nil)
+	op, conns, err := c.startExec(ctx, inst, req, tty, width, height)
 	if err != nil {
 		return -1, err
 	}
-	op, err := decodeOp(r)
-	if err != nil {
-		return -1, err
-	}
-	fds := map[string]string{}
-	if m, ok := op.Metadata["fds"].(map[string]any); ok {
-		for k, v := range m {
-			if s, ok := v.(string); ok {
-				fds[k] = s
-			}
-		}
-	}
-	want := []string{"0", "1", "2", "control"}
-	if tty {
-		want = []string{"0", "control"}
-	}
-	conns := map[string]*websocket.Conn{}
-	closeAll := func() {
-		for _, cn := range conns {
-			cn.Close()
-		}
-	}
-	for _, fd := range want {
-		secret, ok := fds[fd]
-		if !ok {
-			closeAll()
-			return -1, fmt.Errorf("incus: exec: operation %s offers no websocket for fd %s", op.ID, fd)
-		}
-		cn, err := c.websocket(ctx, op.ID, secret)
-		if err != nil {
-			closeAll()
-			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
-			return -1, fmt.Errorf("incus: exec: connecting fd %s: %w", fd, err)
-		}
-		conns[fd] = cn
-	}
-	defer closeAll()
-
-	ctl := &lockedConn{c: conns["control"]}
+	defer conns.closeAll()
 	stopCtl := make(chan struct{})
 	defer close(stopCtl)
-	// The daemon closes the control socket once the command has ended: with a tty that is
-	// the client's cue to close the data socket, which lets the operation finish.
-	ctlClosed := make(chan struct{})
-	go func() {
-		defer close(ctlClosed)
-		for {
-			if _, _, err := conns["control"].NextReader(); err != nil {
-				return
-			}
-		}
-	}()
-	go func() {
-		resize, signal := req.Resize, req.Signal
-		for {
-			select {
-			case <-stopCtl:
-				return
-			case <-ctx.Done():
-				_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": 9})
-				closeAll()
-				return
-			case wh, ok := <-resize:
-				if !ok {
-					resize = nil
-					continue
-				}
-				_ = ctl.writeJSON(map[string]any{"command": "window-resize", "args": map[string]string{
-					"width": strconv.Itoa(wh[0]), "height": strconv.Itoa(wh[1])}})
-			case sig, ok := <-signal:
-				if !ok {
-					signal = nil
-					continue
-				}
-				_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": sig})
-			}
-		}
-	}()
-
-	// stdin → fd 0. Without a tty, EOF is passed on as a close message so the command sees
-	// EOF; with a tty the terminal stays open (the command decides when to end).
+	ctlClosed := untilClosed(conns["control"])
+	go controlLoop(ctx, &lockedConn{c: conns["control"]}, req, stopCtl, conns.closeAll)
 	in := conns["0"]
-	go func() {
-		if stdin != nil {
-			buf := make([]byte, 32*1024)
-			for {
-				n, err := stdin.Read(buf)
-				if n > 0 {
-					if werr := in.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
-		}
-		if !tty {
-			_ = in.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
-		}
-	}()
+	go feedStdin(in, stdin, tty)
 
 	// Wait for the operation alongside the output.
 	var final *Operation
@@ -221,7 +114,7 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 		select {
 		case <-pumped:
 		case <-time.After(5 * time.Second):
-			closeAll()
+			conns.closeAll()
 		}
 	}
 	ended, opCh := ctlClosed, (<-chan struct{})(opDone)
@@ -255,6 +148,135 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 		return -1, fmt.Errorf("incus: exec: writing stderr: %w", errErr)
 	}
 	return exitCode(final.Metadata), nil
+}
+
+// wsConns are an exec's websockets by fd ("0", "1", "2", "control").
+type wsConns map[string]*websocket.Conn
+
+func (w wsConns) closeAll() {
+	for _, cn := range w {
+		cn.Close()
+	}
+}
+
+// startExec posts the exec (wait-for-websocket) and connects every websocket it offers.
+func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tty bool, width, height int) (*Operation, wsConns, error) {
+	if len(req.Command) == 0 {
+		return nil, nil, errors.New("incus: exec: empty command")
+	}
+	body := execPost{
+		Command: req.Command, Environment: req.Env, WaitForWebsocket: true, Interactive: tty,
+		User: req.User, Group: req.Group, Cwd: req.Cwd,
+	}
+	if tty {
+		body.Width, body.Height = width, height
+		if body.Width <= 0 || body.Height <= 0 {
+			body.Width, body.Height = 80, 24
+		}
+	}
+	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances/"+esc(inst)+"/exec", body, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	op, err := decodeOp(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	fds := map[string]string{}
+	if m, ok := op.Metadata["fds"].(map[string]any); ok {
+		for k, v := range m {
+			if s, ok := v.(string); ok {
+				fds[k] = s
+			}
+		}
+	}
+	want := []string{"0", "1", "2", "control"}
+	if tty {
+		want = []string{"0", "control"}
+	}
+	conns := wsConns{}
+	for _, fd := range want {
+		secret, ok := fds[fd]
+		if !ok {
+			conns.closeAll()
+			return nil, nil, fmt.Errorf("incus: exec: operation %s offers no websocket for fd %s", op.ID, fd)
+		}
+		cn, err := c.websocket(ctx, op.ID, secret)
+		if err != nil {
+			conns.closeAll()
+			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
+			return nil, nil, fmt.Errorf("incus: exec: connecting fd %s: %w", fd, err)
+		}
+		conns[fd] = cn
+	}
+	return op, conns, nil
+}
+
+// untilClosed is closed once the daemon closes the control socket, which it does when the
+// command has ended: with a tty that is the client's cue to close the data socket, which lets
+// the operation finish.
+func untilClosed(ctl *websocket.Conn) <-chan struct{} {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		for {
+			if _, _, err := ctl.NextReader(); err != nil {
+				return
+			}
+		}
+	}()
+	return closed
+}
+
+// controlLoop passes resizes and signals to the control socket until stop; when ctx ends it
+// kills the command (signal 9) and closes every socket.
+func controlLoop(ctx context.Context, ctl *lockedConn, req ExecRequest, stop <-chan struct{}, closeAll func()) {
+	resize, signal := req.Resize, req.Signal
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": 9})
+			closeAll()
+			return
+		case wh, ok := <-resize:
+			if !ok {
+				resize = nil
+				continue
+			}
+			_ = ctl.writeJSON(map[string]any{"command": "window-resize", "args": map[string]string{
+				"width": strconv.Itoa(wh[0]), "height": strconv.Itoa(wh[1])}})
+		case sig, ok := <-signal:
+			if !ok {
+				signal = nil
+				continue
+			}
+			_ = ctl.writeJSON(map[string]any{"command": "signal", "signal": sig})
+		}
+	}
+}
+
+// feedStdin copies stdin to fd 0. Without a tty, EOF is passed on as a close message so the
+// command sees EOF; with a tty the terminal stays open (the command decides when to end).
+func feedStdin(in *websocket.Conn, stdin io.Reader, tty bool) {
+	if stdin != nil {
+		buf := make([]byte, 32*1024)
+		for {
+			n, err := stdin.Read(buf)
+			if n > 0 {
+				if werr := in.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	if !tty {
+		_ = in.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+	}
 }
 
 func outFD(tty bool) string {
