@@ -1,0 +1,80 @@
+package boxcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostLockPath is the lock `host init`, `host teardown` and a drill run hold while they change
+// the host stack, so that one never judges or converges what the other is halfway through.
+const HostLockPath = "/run/claudebox-host.lock"
+
+// HostLockWait is how long LockHost waits for another holder.
+const HostLockWait = 30 * time.Second
+
+// HostLockedError: another process held the host lock for all of HostLockWait.
+type HostLockedError struct {
+	Path   string
+	Holder string // "pid N" as the holder wrote it, if readable
+	Waited time.Duration
+}
+
+func (e *HostLockedError) Error() string {
+	who := "another claudebox process"
+	if e.Holder != "" {
+		who += " (" + e.Holder + ")"
+	}
+	return fmt.Sprintf("%s has held the host lock %s for %s (host init, teardown or a drill run)", who, e.Path, e.Waited)
+}
+
+// LockHost takes the host lock (an exclusive flock on HostLockPath), waiting up to
+// HostLockWait or until ctx ends. unlock releases it; the kernel also releases it when the
+// process dies, so a killed holder never leaves it stuck. SwitchOff does not take it: the drill
+// holds it around its whole run.
+func LockHost(ctx context.Context) (unlock func(), err error) {
+	return lockFile(ctx, HostLockPath, HostLockWait)
+}
+
+func lockFile(ctx context.Context, path string, wait time.Duration) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("host lock: %w", err)
+	}
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("host lock %s: %w", path, err)
+		}
+		if time.Since(start) >= wait {
+			holder, _ := os.ReadFile(path)
+			f.Close()
+			return nil, &HostLockedError{Path: path, Holder: string(holder), Waited: wait}
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for the host lock %s: %w", path, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+	// Note who holds it, for the next waiter's message (information only: the flock is the lock).
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("pid %d", os.Getpid())), 0)
+	return func() {
+		_ = f.Truncate(0)
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
