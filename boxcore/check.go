@@ -186,6 +186,7 @@ func (c *checker) kernel(st *StackState) {
 	s := st.Stack
 	if st.BridgeNF4.Loaded {
 		c.add("br_netfilter", "net.bridge.bridge-nf-call-iptables", "1", fmt.Sprint(st.BridgeNF4.Value))
+		c.add("br_netfilter", "net.bridge.bridge-nf-call-ip6tables", "1", fmt.Sprint(st.BridgeNF6.Value))
 	} else {
 		c.note("br_netfilter", "net.bridge.bridge-nf-call-iptables", "module not loaded (the ACL does not see box-to-box frames)")
 	}
@@ -219,7 +220,7 @@ func (h *Host) checkUnit(c *checker) {
 		return
 	}
 	if !h.Kernel.SystemdIsInit() {
-		c.note("boot", s.Unit, "no systemd as PID 1: re-run 'claudebox host init' after a reboot")
+		c.note("boot", s.Unit, "no systemd as PID 1: nothing re-applies the firewall at boot (host init does)")
 		return
 	}
 	if up, err := h.planUnit(); err == nil {

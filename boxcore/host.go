@@ -2,6 +2,7 @@ package boxcore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -102,12 +103,12 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 func parseInitOptions(opts InitOptions) (pinned *net.IPNet, upstreams []string, err error) {
 	if opts.Subnet != "" {
 		if pinned, err = ParseSubnet(opts.Subnet); err != nil {
-			return nil, nil, &UsageError{Msg: err.Error()}
+			return nil, nil, err
 		}
 	}
 	if opts.DNS != "" {
 		if upstreams, err = ParseDNS(opts.DNS); err != nil {
-			return nil, nil, &UsageError{Msg: err.Error()}
+			return nil, nil, err
 		}
 	}
 	return pinned, upstreams, nil
@@ -123,7 +124,7 @@ func (h *Host) planGateway(ctx context.Context, st *StackState, pinned *net.IPNe
 	switch {
 	case pinned != nil:
 		if c := FindClaimant(pinned, claims, h.Stack.Network); c != nil {
-			return nil, Usagef("subnet %s is already used by %s: pick another with --subnet", pinned, c.By)
+			return nil, &SubnetTakenError{Subnet: pinned.String(), By: c.By}
 		}
 		return Gateway(pinned), nil
 	case st.Gateway != nil:
@@ -209,9 +210,10 @@ func (h *Host) planKernel(p *InitPlan) error {
 			p.change("port "+port.Name, "isolate (brport/isolated=1)")
 		}
 	}
-	if st.BridgeNF4.Loaded && st.BridgeNF4.Value != 1 {
+	// ip6tables too: Incus refuses to start a NIC with security.ipv6_filtering without it.
+	if st.BridgeNF4.Loaded && (st.BridgeNF4.Value != 1 || st.BridgeNF6.Value != 1) {
 		p.bridgeNF = true
-		p.change("sysctl", "set net.bridge.bridge-nf-call-iptables=1")
+		p.change("sysctl", "set net.bridge.bridge-nf-call-iptables=1, bridge-nf-call-ip6tables=1")
 	}
 	if s.Unit != "" && h.Kernel.SystemdIsInit() {
 		up, err := h.planUnit()
@@ -241,7 +243,7 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 		}
 	}
 	if p.bridgeNF {
-		if err := h.Kernel.SetBridgeNFCallIPTables(1); err != nil {
+		if err := errors.Join(h.Kernel.SetBridgeNFCallIPTables(1), h.Kernel.SetBridgeNFCallIP6Tables(1)); err != nil {
 			return nil, err
 		}
 	}
@@ -257,8 +259,8 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 	s, st := h.Stack, p.state
 	acl := incus.NetworkACL{Name: s.ACL, Description: "claudebox: boxes reach the public internet only", Egress: toRules(p.aclEgress), Ingress: []incus.ACLRule{}}
 	if st.ACL != nil {
-		if err := h.Client.UpdateNetworkACL(ctx, acl, ""); err != nil {
-			return fmt.Errorf("rewriting ACL %s: %w", s.ACL, err)
+		if err := h.Client.UpdateNetworkACL(ctx, acl, st.ETags.ACL); err != nil {
+			return fmt.Errorf("rewriting ACL %s: %w", s.ACL, changed("acl "+s.ACL, err))
 		}
 	} else if err := h.Client.CreateNetworkACL(ctx, acl); err != nil {
 		return fmt.Errorf("creating ACL %s: %w", s.ACL, err)
@@ -270,7 +272,7 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 			return fmt.Errorf("creating network %s: %w", s.Network, err)
 		}
 	} else if p.networkChanged {
-		if err := PutNetworkConfig(ctx, h.Client, s.Network, p.networkConfig); err != nil {
+		if err := putNetwork(ctx, h.Client, s.Network, p.networkConfig, st.ETags.Network); err != nil {
 			return err
 		}
 	}
@@ -286,8 +288,8 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 			return fmt.Errorf("creating profile %s: %w", s.Profile, err)
 		}
 	} else if p.profileChanged {
-		if err := h.Client.UpdateProfile(ctx, prof, ""); err != nil {
-			return fmt.Errorf("updating profile %s: %w", s.Profile, err)
+		if err := h.Client.UpdateProfile(ctx, prof, st.ETags.Profile); err != nil {
+			return fmt.Errorf("updating profile %s: %w", s.Profile, changed("profile "+s.Profile, err))
 		}
 	}
 	return nil
@@ -310,10 +312,10 @@ func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	if st.Network == nil {
-		return false, Usagef("network %s does not exist: run 'claudebox host init' first", h.Stack.Network)
+		return false, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "does not exist", AsUsage: true}
 	}
 	if st.Gateway == nil {
-		return false, fmt.Errorf("network %s has no IPv4 address (%q): run 'claudebox host init'", h.Stack.Network, st.Network.Config["ipv4.address"])
+		return false, &StackMissingError{Object: "network " + h.Stack.Network, Detail: fmt.Sprintf("has no IPv4 address (%q)", st.Network.Config["ipv4.address"])}
 	}
 	return firewall.Apply(h.FirewallSpec(st))
 }
@@ -345,7 +347,7 @@ func (h *Host) pickPool(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if len(pools) == 0 {
-		return "", fmt.Errorf("Incus has no storage pool: run 'make setup' (or 'incus storage create default dir')")
+		return "", &NoStoragePoolError{}
 	}
 	names := make([]string, 0, len(pools))
 	for _, p := range pools {
@@ -464,22 +466,36 @@ func FirewallSpec(bridge string, gateway *net.IPNet) firewall.Spec {
 }
 
 // PutNetworkConfig writes a network's config, keeping the volatile.* and user.* keys it has
-// now. Incus 6.0.4 sometimes fails such a PUT with "Failed to delete bridge children
-// interfaces" (500) when a box's veth vanishes at that moment: that race is retried (see
-// incus.IsBridgeChildrenRace); any other error is returned at once.
+// now. The write carries the ETag of the read it is built on, so a writer in between makes it
+// fail with a ChangedError instead of being overwritten. Incus 6.0.4 sometimes fails such a
+// PUT with "Failed to delete bridge children interfaces" (500) when a box's veth vanishes at
+// that moment: that race is retried (see incus.IsBridgeChildrenRace); any other error is
+// returned at once.
 func PutNetworkConfig(ctx context.Context, c *incus.Client, network string, want map[string]string) error {
+	return putNetwork(ctx, c, network, want, "")
+}
+
+// putNetwork is PutNetworkConfig on the network as it was when etag was read ("": as it is
+// now): if it changed since, ChangedError and no write. (A retried race compares with the
+// fresh read: the failed PUT may have changed the ETag itself.)
+func putNetwork(ctx context.Context, c *incus.Client, network string, want map[string]string, etag string) error {
+	object := "network " + network
 	err := incus.RetryBridgeChildrenRace(ctx, func() error {
-		cur, _, err := c.Network(ctx, network)
+		cur, curTag, err := c.Network(ctx, network)
 		if err != nil {
 			return err
 		}
+		if etag != "" && curTag != etag {
+			return &ChangedError{Object: object}
+		}
+		etag = ""
 		cfg := maps.Clone(want)
 		for k, v := range cur.Config {
 			if keptKey(k) {
 				cfg[k] = v
 			}
 		}
-		return c.UpdateNetwork(ctx, network, cfg, cur.Description, "")
+		return changed(object, c.UpdateNetwork(ctx, network, cfg, cur.Description, curTag))
 	})
 	if err != nil {
 		return fmt.Errorf("updating network %s: %w", network, err)
@@ -499,14 +515,23 @@ func (h *Host) forgetLeaseNames(ctx context.Context) error {
 	if err := h.Kernel.ForgetLeaseNames(d); err != nil {
 		return fmt.Errorf("clearing dnsmasq lease names: %w", err)
 	}
-	cur, _, err := h.Client.Network(ctx, h.Stack.Network)
+	n := h.Stack.Network
+	cur, etag, err := h.Client.Network(ctx, n)
 	if err != nil {
 		return err
 	}
 	marked := maps.Clone(cur.Config)
 	marked["raw.dnsmasq"] += "\n# claudebox: lease names cleared"
-	if err := PutNetworkConfig(ctx, h.Client, h.Stack.Network, marked); err != nil {
+	if err := putNetwork(ctx, h.Client, n, marked, etag); err != nil {
 		return err
 	}
-	return PutNetworkConfig(ctx, h.Client, h.Stack.Network, cur.Config)
+	// The second write goes back only over our own first one.
+	after, etag, err := h.Client.Network(ctx, n)
+	if err != nil {
+		return err
+	}
+	if len(configDiff(after.Config, marked)) > 0 {
+		return &ChangedError{Object: "network " + n}
+	}
+	return putNetwork(ctx, h.Client, n, cur.Config, etag)
 }

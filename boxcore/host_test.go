@@ -325,10 +325,10 @@ func TestHostInitBadInput(t *testing.T) {
 		opts boxcore.InitOptions
 		want string
 	}{
-		{"invalid subnet", boxcore.InitOptions{Subnet: "10.1.2.3/24"}, "invalid --subnet"},
-		{"not a /24", boxcore.InitOptions{Subnet: "10.1.0.0/16"}, "invalid --subnet"},
-		{"garbage subnet", boxcore.InitOptions{Subnet: "banana"}, "invalid --subnet"},
-		{"invalid dns", boxcore.InitOptions{DNS: "1.1.1.1,nope"}, "invalid --dns"},
+		{"invalid subnet", boxcore.InitOptions{Subnet: "10.1.2.3/24"}, "invalid subnet"},
+		{"not a /24", boxcore.InitOptions{Subnet: "10.1.0.0/16"}, "invalid subnet"},
+		{"garbage subnet", boxcore.InitOptions{Subnet: "banana"}, "invalid subnet"},
+		{"invalid dns", boxcore.InitOptions{DNS: "1.1.1.1,nope"}, "invalid dns"},
 	}
 	if taken != "" {
 		cases = append(cases, struct {
@@ -342,6 +342,11 @@ func TestHostInitBadInput(t *testing.T) {
 			_, err := h.PlanInit(ctx, tc.opts)
 			if err == nil || !boxcore.IsUsage(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("PlanInit(%+v) = %v, want a usage error containing %q", tc.opts, err, tc.want)
+			}
+			var opt *boxcore.OptionError
+			var taken *boxcore.SubnetTakenError
+			if !errors.As(err, &opt) && !errors.As(err, &taken) {
+				t.Fatalf("PlanInit(%+v) = %T, want an *OptionError or *SubnetTakenError", tc.opts, err)
 			}
 			if _, _, err := c.Network(ctx, s.Network); !errors.Is(err, incus.ErrNotFound) {
 				t.Fatalf("bad input left a network behind: %v", err)

@@ -2,6 +2,7 @@ package boxcore
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -88,17 +89,17 @@ func PickSubnet(claims []Claim, self string) (*net.IPNet, error) {
 			return n, nil
 		}
 	}
-	return nil, fmt.Errorf("no free /24 in 10.0.0.0/8; pick one with --subnet")
+	return nil, &NoFreeSubnetError{}
 }
 
 // ParseSubnet accepts A.B.C.0/24 only: the bridge takes .1 and DHCP hands out the rest.
 func ParseSubnet(s string) (*net.IPNet, error) {
 	ip, n, err := net.ParseCIDR(s)
 	if err != nil || ip.To4() == nil {
-		return nil, fmt.Errorf("invalid --subnet %q: want an IPv4 /24 such as 10.87.0.0/24", s)
+		return nil, &OptionError{Option: "subnet", Value: s, Want: "want an IPv4 /24 such as 10.87.0.0/24"}
 	}
 	if ones, _ := n.Mask.Size(); ones != 24 || !ip.Equal(n.IP) {
-		return nil, fmt.Errorf("invalid --subnet %q: want a /24 network address such as %s/24", s, n.IP.Mask(net.CIDRMask(24, 32)))
+		return nil, &OptionError{Option: "subnet", Value: s, Want: fmt.Sprintf("want a /24 network address such as %s/24", n.IP.Mask(net.CIDRMask(24, 32)))}
 	}
 	n.IP = n.IP.To4()
 	return n, nil
@@ -112,20 +113,24 @@ func Gateway(subnet *net.IPNet) *net.IPNet {
 	return &net.IPNet{IP: ip, Mask: subnet.Mask}
 }
 
-// ParseDNS turns --dns into upstream resolver addresses: "host" pins the host's current
+// ParseDNS turns the dns option into upstream resolver addresses: "host" pins the host's current
 // resolvers, otherwise a comma-separated list of IP addresses; empty means the defaults.
 func ParseDNS(s string) ([]string, error) {
 	switch strings.TrimSpace(s) {
 	case "":
 		return DefaultUpstreams, nil
 	case "host":
-		return HostResolvers()
+		servers, err := HostResolvers()
+		if err != nil {
+			return nil, &OptionError{Option: "dns", Value: "host", Want: "the host's resolvers are unusable", Err: err}
+		}
+		return servers, nil
 	}
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if net.ParseIP(f) == nil {
-			return nil, fmt.Errorf("invalid --dns %q: want 'host' or IP addresses separated by commas", s)
+			return nil, &OptionError{Option: "dns", Value: s, Want: "want 'host' or IP addresses separated by commas"}
 		}
 		out = append(out, f)
 	}
@@ -145,7 +150,7 @@ func HostResolvers() ([]string, error) {
 		}
 	}
 	if len(servers) == 0 {
-		return nil, fmt.Errorf("--dns host: no nameserver in /etc/resolv.conf; name resolvers with --dns IP[,IP]")
+		return nil, errors.New("no nameserver in /etc/resolv.conf")
 	}
 	return servers, nil
 }
@@ -153,7 +158,7 @@ func HostResolvers() ([]string, error) {
 func readNameservers(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("--dns host: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	var out []string

@@ -59,7 +59,7 @@ func TestParseDNS(t *testing.T) {
 		t.Fatalf("list = %v %v", got, err)
 	}
 	for _, bad := range []string{"nope", "1.1.1.1,", "1.1.1.1;2.2.2.2", "host,1.1.1.1"} {
-		if _, err := ParseDNS(bad); err == nil || !strings.Contains(err.Error(), "invalid --dns") {
+		if _, err := ParseDNS(bad); err == nil || !strings.Contains(err.Error(), "invalid dns") {
 			t.Errorf("ParseDNS(%q) = %v", bad, err)
 		}
 	}

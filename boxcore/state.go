@@ -24,6 +24,9 @@ type StackState struct {
 	ACL     *incus.NetworkACL
 	Profile *incus.Profile
 	Gateway *net.IPNet // from the network's ipv4.address; nil when missing or unparsable
+	// ETags are the Incus objects' ETags as read: a write planned from this state carries
+	// them, so it fails (ChangedError) if someone wrote the object in between.
+	ETags ETags
 	// Others are the other managed Incus networks with an IPv4 subnet: boxes must not reach them.
 	Others []OtherNetwork
 
@@ -43,6 +46,9 @@ type StackState struct {
 	IPv6Disabled         bool
 	IPv6Err              error
 }
+
+// ETags of the stack's Incus objects ("" for a missing one).
+type ETags struct{ Network, ACL, Profile string }
 
 // OtherNetwork is another managed Incus network's IPv4 subnet.
 type OtherNetwork struct {
@@ -99,27 +105,27 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 
 func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 	s := h.Stack
-	n, _, err := h.Client.Network(ctx, s.Network)
+	n, etag, err := h.Client.Network(ctx, s.Network)
 	switch {
 	case err == nil:
-		st.Network = &n
+		st.Network, st.ETags.Network = &n, etag
 		if ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil && ip.To4() != nil {
 			st.Gateway = &net.IPNet{IP: ip.To4(), Mask: sub.Mask}
 		}
 	case !errors.Is(err, incus.ErrNotFound):
 		return err
 	}
-	acl, _, err := h.Client.NetworkACL(ctx, s.ACL)
+	acl, etag, err := h.Client.NetworkACL(ctx, s.ACL)
 	switch {
 	case err == nil:
-		st.ACL = &acl
+		st.ACL, st.ETags.ACL = &acl, etag
 	case !errors.Is(err, incus.ErrNotFound):
 		return err
 	}
-	prof, _, err := h.Client.Profile(ctx, s.Profile)
+	prof, etag, err := h.Client.Profile(ctx, s.Profile)
 	switch {
 	case err == nil:
-		st.Profile = &prof
+		st.Profile, st.ETags.Profile = &prof, etag
 	case !errors.Is(err, incus.ErrNotFound):
 		return err
 	}

@@ -27,7 +27,7 @@ func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (r
 		return nil, err
 	}
 	if st.Network == nil || st.Gateway == nil {
-		return nil, fmt.Errorf("network %s is missing or has no IPv4 address: run 'claudebox host init'", h.Stack.Network)
+		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
 	sw := &switcher{h: h, st: st, saved: maps.Clone(st.Network.Config), cfg: maps.Clone(st.Network.Config)}
 	for _, p := range st.portsOf(boxes) {
@@ -42,7 +42,7 @@ func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (r
 		}
 	}
 	if sw.netChanged {
-		if err := PutNetworkConfig(ctx, h.Client, h.Stack.Network, sw.cfg); err != nil {
+		if err := putNetwork(ctx, h.Client, h.Stack.Network, sw.cfg, st.ETags.Network); err != nil {
 			return nil, errors.Join(err, sw.restore(ctx))
 		}
 	}

@@ -105,10 +105,10 @@ func Run(env *Env, args []string) int {
 	case errors.As(err, &ee):
 		return ee.code
 	case boxcore.IsUsage(err) || isFlagError(err):
-		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		fmt.Fprintln(env.Stderr, "claudebox: "+Render(err))
 		return 2
 	default:
-		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		fmt.Fprintln(env.Stderr, "claudebox: "+Render(err))
 		return 1
 	}
 }

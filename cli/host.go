@@ -69,7 +69,19 @@ func hostCommands() []Command {
 	}
 }
 
+// lockHost takes the host lock for a verb that changes the stack (init, teardown): a drill
+// run holds it too, so neither changes what the other is reading. Held from the plan through
+// the apply (and the confirmation in between).
+func lockHost(c *Ctx) (func(), error) {
+	return boxcore.LockHost(c.Context.Context)
+}
+
 func hostInit(c *Ctx) error {
+	unlock, err := lockHost(c)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	h := boxcore.NewHost(c.Client, c.Env.Stack)
 	plan, err := h.PlanInit(c.Context.Context, boxcore.InitOptions{Subnet: c.String("subnet"), DNS: c.String("dns")})
 	if err != nil {
@@ -136,12 +148,17 @@ func hostCheck(c *Ctx) error {
 }
 
 func hostTeardown(c *Ctx) error {
+	unlock, err := lockHost(c)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	h := boxcore.NewHost(c.Client, c.Env.Stack)
 	plan, err := h.PlanTeardown(c.Context.Context, c.Bool("force"))
 	if err != nil {
 		return err
 	}
-	if len(plan.Objects) == 0 && len(plan.Boxes) == 0 {
+	if len(plan.Steps) == 0 && len(plan.Boxes) == 0 {
 		if _, err := h.ApplyTeardown(c.Context.Context, plan); err != nil { // stray nft tables, unit
 			return err
 		}
@@ -149,7 +166,7 @@ func hostTeardown(c *Ctx) error {
 		return nil
 	}
 	if !c.Bool("yes") {
-		for _, o := range plan.Objects {
+		for _, o := range plan.Steps {
 			c.Warn("  %s", o)
 		}
 		if len(plan.Boxes) > 0 {

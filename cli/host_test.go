@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"net"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -39,8 +40,17 @@ func TestHostVerbsBadInput(t *testing.T) {
 	if err != nil || len(claims) == 0 {
 		t.Fatalf("host claims: %v %v", claims, err)
 	}
-	taken := claims[0].Net.IP.Mask(claims[0].Net.Mask).To4()
-	takenSubnet := taken.String() + "/24"
+	// A claim of a /24 or wider (a /32 route, e.g. a test's decoy, names no /24 network address).
+	takenSubnet := ""
+	for _, cl := range claims {
+		if ones, _ := cl.Net.Mask.Size(); ones <= 24 {
+			takenSubnet = cl.Net.IP.Mask(net.CIDRMask(24, 32)).To4().String() + "/24"
+			break
+		}
+	}
+	if takenSubnet == "" {
+		t.Fatalf("no host claim of a /24 or wider: %v", claims)
+	}
 
 	for _, tc := range []struct {
 		code int
@@ -109,7 +119,7 @@ func TestHostVerbsBadInput(t *testing.T) {
 	}
 	h.tagForSweep(box)
 	h.unchanged(2, "no terminal to confirm on: pass --yes", "host", "teardown", "--force")
-	h.unchanged(2, "use the stack ("+box+")", "host", "teardown", "--yes")
+	h.unchanged(2, "use the stack ("+box+"): remove them with 'claudebox rm', or pass --force", "host", "teardown", "--yes")
 	r = h.expect(0, "lost their network", "host", "teardown", "--yes", "--force")
 	if !strings.Contains(r.stdout, "network "+s.Network+": delete") {
 		t.Fatalf("teardown output: %s", r.stdout)
