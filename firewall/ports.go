@@ -38,7 +38,7 @@ package firewall
 // host, the output hook frames the host sends through the bridge, with or
 // without br_netfilter:
 //
-//	input:  IPv4 to a blocked range, except the gateway
+//	input:  IPv4 from the box subnet to a blocked range, except the gateway
 //	output: IPv4 from a blocked range outside the box subnet, to the box subnet
 //	output: from the gateway: TCP SYN without ACK, UDP from a port other than
 //	        53 (DNS) or 67 (DHCP), ICMP echo request
@@ -244,8 +244,10 @@ func l2RangeRules(s Spec) []Rule {
 	}
 	var rules []Rule
 	for _, p := range s.blocked() {
+		// Scoped to sources in the box subnet: the bridge family sees every bridge's frames,
+		// and other bridges' boxes must still reach their own gateways in these ranges.
 		rules = append(rules, mk(InputChain, kL2BlockedDst, "a box never reaches "+p.String()+" through the host (the gateway excepted)",
-			ip, ip4Op(16, expr.CmpOpEq, p), ip4Op(16, expr.CmpOpNeq, gw)))
+			ip, ip4Op(12, expr.CmpOpEq, n), ip4Op(16, expr.CmpOpEq, p), ip4Op(16, expr.CmpOpNeq, gw)))
 	}
 	for _, p := range s.blocked() {
 		rules = append(rules, mk(OutputChain, kL2BlockedSrc, "nothing from "+p.String()+" (outside the box subnet) reaches a box",
