@@ -58,6 +58,7 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	c.profile(st)
 	c.nftables(st)
 	c.ports(st)
+	c.bindings(st)
 	c.kernel(st)
 	h.checkUnit(c)
 	r := CheckReport{Rows: c.rows, OK: true}

@@ -194,7 +194,7 @@ func (h *Host) planKernel(p *InitPlan) error {
 	if err != nil {
 		return fmt.Errorf("reading nftables: %w", err)
 	}
-	if len(drift) > 0 {
+	if len(drift) > 0 || !st.NoLLLearn {
 		p.firewallDrift = true
 		p.change("nftables", "rebuild bridge "+st.Tables.Bridge+" (box-to-box drop), inet "+st.Tables.Guard+" (host input guard) and inet "+st.Tables.Wall+" (the wall)")
 	}
@@ -234,7 +234,7 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 	if err := h.applyIncus(ctx, p); err != nil {
 		return nil, err
 	}
-	if _, err := firewall.Apply(h.firewallSpec(p.state, p.Gateway)); err != nil {
+	if _, err := h.applyL2(h.firewallSpec(p.state, p.Gateway)); err != nil {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
 	for _, port := range p.unisolated {
@@ -317,7 +317,7 @@ func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
 	if st.Gateway == nil {
 		return false, &StackMissingError{Object: "network " + h.Stack.Network, Detail: fmt.Sprintf("has no IPv4 address (%q)", st.Network.Config["ipv4.address"])}
 	}
-	return firewall.Apply(h.FirewallSpec(st))
+	return h.applyL2(h.FirewallSpec(st))
 }
 
 // FirewallSpec is the nftables spec of the stack as read (its gateway and the ranges boxes
@@ -331,6 +331,7 @@ func (h *Host) FirewallSpec(st *StackState) firewall.Spec {
 func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 	spec := FirewallSpec(h.Stack.Network, gw)
 	spec.Blocked = st.BlockedPrefixes()
+	spec.Ports = st.bindingsIn(gw)
 	if len(h.ExtraUplinks) > 0 {
 		ups, err := firewall.DefaultUplinks()
 		if err == nil {

@@ -37,6 +37,12 @@ type StackState struct {
 	// (acl.N, aclin.N, aclout.N, aclfwd.N) as nft prints them; a chain that is absent is absent.
 	IncusACL map[string][]string
 	Ports    []PortState
+	// NICs are the running boxes' NICs on the network with the binding read for each;
+	// KernelBound the ports claudebox's bridge table binds now; NoLLLearn the bridge's
+	// no_linklocal_learn (see bindings.go).
+	NICs        []NICBinding
+	KernelBound []string
+	NoLLLearn   bool
 
 	BridgeNF4, BridgeNF6 Sysctl
 	DNSMasq              DNSMasq
@@ -62,6 +68,8 @@ type TablesState struct {
 	BridgeOn            bool   // bridge table present with its chains
 	GuardInput          bool   // guard table has its input chain
 	WallOn              bool   // wall table present with chains
+	PortsOn             bool   // bridge table has its prerouting chain (port binding)
+	L2RangesOn          bool   // bridge table has its input and output chains (L2 ranges)
 }
 
 // PortState is one bridge port: its isolation flag, whether Incus's per-NIC anti-spoofing
@@ -84,6 +92,9 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 	s := h.Stack
 	st := &StackState{Stack: s, BridgeMeta: firewall.BridgeMetaSupported()}
 	if err := h.readIncus(ctx, st); err != nil {
+		return nil, err
+	}
+	if err := h.readBindings(ctx, st); err != nil {
 		return nil, err
 	}
 	if err := h.readFirewall(st); err != nil {
@@ -155,6 +166,10 @@ func (h *Host) readFirewall(st *StackState) error {
 	st.Tables.BridgeOn = obs.PartPresent(firewall.PartBridge)
 	st.Tables.GuardInput = obs.PartPresent(firewall.PartGuard)
 	st.Tables.WallOn = obs.PartPresent(firewall.PartWall)
+	st.Tables.PortsOn = obs.PartPresent(firewall.PartPorts)
+	st.Tables.L2RangesOn = obs.PartPresent(firewall.PartL2Ranges)
+	st.KernelBound = obs.Bound()
+	st.NoLLLearn, _ = firewall.NoLinkLocalLearn(s.Network)
 	if st.Gateway != nil {
 		if st.FirewallDrift, err = firewall.Check(h.FirewallSpec(st)); err != nil {
 			return fmt.Errorf("reading nftables: %w", err)

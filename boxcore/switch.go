@@ -67,6 +67,12 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 	case LayerNFTBridge:
 		sw.nftChanged = true
 		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartBridge)
+	case LayerPortBinding:
+		sw.nftChanged = true
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartPorts)
+	case LayerL2Ranges:
+		sw.nftChanged = true
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartL2Ranges)
 	case LayerHostGuard:
 		sw.nftChanged = true
 		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartGuard)

@@ -1,0 +1,287 @@
+package boxcore
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/claudebox/claudebox/firewall"
+)
+
+// Port bindings: the port-binding layer (firewall.PartPorts) binds each running box's bridge
+// port to the box NIC's MAC and IPv4 address, in claudebox's own bridge table, beside Incus's
+// NIC filtering. A port without a binding is not checked (fail open: the bridge family cannot
+// tell which bridge a port is on here), so every running box must be bound: host init and
+// ApplyFirewall bind what runs, and the box verbs call BindPorts after a box starts.
+
+// NICBinding is one running box NIC on the stack's network and what the binding is read from.
+type NICBinding struct {
+	Box, Device string
+	Binding     firewall.PortBinding // Port, MAC and IPv4; IPv4 invalid when unknown
+	IPFrom      string               // "dnsmasq.hosts", "nic ipv4.address", "instance state"
+	Problem     string               // why the NIC cannot be bound ("" when it can)
+}
+
+// readBindings reads the running boxes' NICs on the stack's network: host-side veth
+// (volatile.<dev>.host_name, else the instance state), MAC (volatile.<dev>.hwaddr) and IPv4
+// (Incus's static DHCP allocation in dnsmasq.hosts, which ipv4_filtering pins; else the NIC's
+// ipv4.address; else the address the instance state shows). Only ports the kernel has on the
+// bridge are bound: a name on another bridge must never be matched.
+func (h *Host) readBindings(ctx context.Context, st *StackState) error {
+	insts, err := h.Client.Instances(ctx, nil, false)
+	if err != nil {
+		return err
+	}
+	ports, err := h.Kernel.BridgePorts(h.Stack.Network)
+	if err != nil {
+		return err
+	}
+	onBridge := map[string]bool{}
+	for _, p := range ports {
+		onBridge[p.Name] = true
+	}
+	hosts := readDNSMasqHosts(h.Stack.Network)
+	for _, in := range insts {
+		if in.Status != "Running" {
+			continue
+		}
+		for _, dev := range slices.Sorted(maps.Keys(in.ExpandedDevices)) {
+			d := in.ExpandedDevices[dev]
+			if d["type"] != "nic" || d["network"] != h.Stack.Network {
+				continue
+			}
+			nb := NICBinding{Box: in.Name, Device: dev}
+			b := &nb.Binding
+			b.Port = in.Config["volatile."+dev+".host_name"]
+			b.MAC, _ = net.ParseMAC(in.Config["volatile."+dev+".hwaddr"])
+			if a, ok := hosts[hostsKey(in.Project, in.Name, dev)]; ok && macEqual(a.mac, b.MAC) {
+				b.IPv4, nb.IPFrom = a.ip, "dnsmasq.hosts"
+			} else if a, err := netip.ParseAddr(d["ipv4.address"]); err == nil && a.Is4() {
+				b.IPv4, nb.IPFrom = a, "nic ipv4.address"
+			}
+			if b.Port == "" || !b.IPv4.IsValid() {
+				if s, err := h.Client.InstanceState(ctx, in.Name); err == nil {
+					ns := s.Network[dev]
+					if b.Port == "" {
+						b.Port = ns.HostName
+					}
+					if !b.IPv4.IsValid() {
+						for _, a := range ns.Addresses {
+							if ip, err := netip.ParseAddr(a.Address); err == nil && a.Family == "inet" && ip.Is4() {
+								b.IPv4, nb.IPFrom = ip, "instance state"
+								break
+							}
+						}
+					}
+				}
+			}
+			switch {
+			case b.Port == "":
+				nb.Problem = "no host-side veth name"
+			case !onBridge[b.Port]:
+				nb.Problem = "port " + b.Port + " is not on bridge " + h.Stack.Network
+			case len(b.MAC) != 6:
+				nb.Problem = "no MAC (volatile." + dev + ".hwaddr)"
+			case !b.IPv4.IsValid():
+				nb.Problem = "no IPv4 address known (no dnsmasq.hosts entry, no lease)"
+			case st.Gateway != nil && !st.Gateway.Contains(net.IP(b.IPv4.AsSlice())):
+				nb.Problem = "address " + b.IPv4.String() + " is outside " + st.Gateway.String()
+			}
+			st.NICs = append(st.NICs, nb)
+		}
+	}
+	// Two NICs claiming one MAC or address cannot both be bound: neither is.
+	for i := range st.NICs {
+		for j := range st.NICs {
+			a, b := &st.NICs[i], &st.NICs[j]
+			if i != j && a.Problem == "" && b.Problem == "" && (a.Binding.IPv4 == b.Binding.IPv4 || macEqual(a.Binding.MAC, b.Binding.MAC)) {
+				a.Problem = "shares its MAC or address with " + b.Box
+			}
+		}
+	}
+	return nil
+}
+
+// Bindings are the bindings of every NIC that can be bound, for the firewall spec.
+func (st *StackState) Bindings() []firewall.PortBinding {
+	var out []firewall.PortBinding
+	for _, n := range st.NICs {
+		if n.Problem == "" {
+			out = append(out, n.Binding)
+		}
+	}
+	return out
+}
+
+// bindingsIn are the bindings inside subnet gw (init may be moving the network elsewhere).
+func (st *StackState) bindingsIn(gw *net.IPNet) []firewall.PortBinding {
+	var out []firewall.PortBinding
+	for _, b := range st.Bindings() {
+		if gw != nil && gw.Contains(net.IP(b.IPv4.AsSlice())) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+type hostsEntry struct {
+	mac net.HardwareAddr
+	ip  netip.Addr
+}
+
+func incusDir() string {
+	if d := os.Getenv("INCUS_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/incus"
+}
+
+// hostsKey is the file name Incus gives a NIC's dnsmasq.hosts entry.
+func hostsKey(project, inst, dev string) string {
+	if project != "" && project != "default" {
+		return project + "_" + inst + "." + dev
+	}
+	return inst + "." + dev
+}
+
+// readDNSMasqHosts reads Incus's per-NIC static DHCP entries for a network
+// (<INCUS_DIR>/networks/<net>/dnsmasq.hosts/<instance>.<dev>: "MAC,IPv4[,name]").
+func readDNSMasqHosts(network string) map[string]hostsEntry {
+	dir := filepath.Join(incusDir(), "networks", network, "dnsmasq.hosts")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	out := map[string]hostsEntry{}
+	for _, e := range ents {
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var he hostsEntry
+			for _, tok := range strings.Split(strings.TrimSpace(sc.Text()), ",") {
+				if m, err := net.ParseMAC(tok); err == nil && len(m) == 6 {
+					he.mac = m
+				} else if a, err := netip.ParseAddr(tok); err == nil && a.Is4() {
+					he.ip = a
+				}
+			}
+			if he.mac != nil && he.ip.IsValid() {
+				out[e.Name()] = he
+			}
+		}
+		f.Close()
+	}
+	return out
+}
+
+func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == b.String() }
+
+// applyL2 converges the firewall to spec and sets the bridge's no_linklocal_learn (part of the
+// port-binding layer: see firewall.SetNoLinkLocalLearn).
+func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
+	changed, err := firewall.Apply(spec)
+	if err != nil {
+		return changed, err
+	}
+	if on, err := firewall.NoLinkLocalLearn(h.Stack.Network); err == nil && !on {
+		changed = true
+		if err := firewall.SetNoLinkLocalLearn(h.Stack.Network, true); err != nil {
+			return changed, err
+		}
+	} else if err != nil {
+		return changed, err
+	}
+	return changed, nil
+}
+
+// BindPorts re-applies the firewall with the bindings of every box running now. The box
+// verbs that start a box (new, start, restart, restore, clone) and the drill call it once the
+// box runs: until then its port is unbound (Incus's NIC filtering still holds it). It needs
+// root (nftables), like host init; a box verb run without root gets ErrBindNeedsRoot.
+func (h *Host) BindPorts(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return ErrBindNeedsRoot
+	}
+	st := &StackState{Stack: h.Stack}
+	if err := h.readIncus(ctx, st); err != nil {
+		return err
+	}
+	if st.Network == nil || st.Gateway == nil {
+		return &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
+	}
+	if err := h.readBindings(ctx, st); err != nil {
+		return fmt.Errorf("reading port bindings: %w", err)
+	}
+	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
+		return fmt.Errorf("binding ports: %w", err)
+	}
+	return nil
+}
+
+// ErrBindNeedsRoot: the port bindings are nftables rules; without root they cannot be applied.
+var ErrBindNeedsRoot = errors.New("binding box ports needs root (nftables): run 'sudo claudebox host init' to bind running boxes")
+
+// bindingDrift lists, per running box NIC, whether the kernel's prerouting chain binds its
+// port, and ports bound in the kernel that no running box has (stale).
+func (st *StackState) bindingDrift() (rows [][3]string) {
+	bound := map[string]bool{}
+	for _, p := range st.KernelBound {
+		bound[p] = true
+	}
+	want := map[string]bool{}
+	for _, n := range st.NICs {
+		item := n.Box + " " + n.Device
+		switch {
+		case n.Problem != "":
+			rows = append(rows, [3]string{item, "bound", "cannot bind: " + n.Problem})
+		case !bound[n.Binding.Port]:
+			rows = append(rows, [3]string{item, "bound " + n.Binding.String(), "port " + n.Binding.Port + " not bound"})
+		default:
+			rows = append(rows, [3]string{item, "bound " + n.Binding.String(), "bound " + n.Binding.String()})
+		}
+		want[n.Binding.Port] = true
+	}
+	for _, p := range st.KernelBound {
+		if !want[p] {
+			rows = append(rows, [3]string{"port " + p, "no binding (no running box)", "stale binding"})
+		}
+	}
+	return rows
+}
+
+// portBindingOn: the prerouting chain is there, every running box NIC is bound with no
+// stale binding, and the bridge learns nothing from link-local frames.
+func (st *StackState) portBindingOn() (bool, string) {
+	var bad []string
+	for _, r := range st.bindingDrift() {
+		if r[1] != r[2] {
+			bad = append(bad, r[0]+": "+r[2])
+		}
+	}
+	ok := st.Tables.PortsOn && len(bad) == 0 && st.NoLLLearn
+	return ok, fmt.Sprintf("table bridge %s chain prerouting %s; %d bound; no_linklocal_learn=%v; %s",
+		st.Tables.Bridge, presence(st.Tables.PortsOn), len(st.Bindings()), st.NoLLLearn, driftSummary(bad))
+}
+
+// bindings: one row per running box NIC (bound in the kernel or not, and why it cannot be),
+// one per stale binding, and the bridge's no_linklocal_learn.
+func (c *checker) bindings(st *StackState) {
+	if st.Gateway == nil {
+		return
+	}
+	for _, r := range st.bindingDrift() {
+		c.add("port binding", r[0], r[1], r[2])
+	}
+	c.add("port binding", st.Stack.Network+" no_linklocal_learn", "1", boolDigit(st.NoLLLearn))
+}

@@ -1,0 +1,171 @@
+package boxcore_test
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/internal/testenv"
+	"github.com/claudebox/claudebox/internal/teststack"
+)
+
+// fdbPortOf returns the bridge port `bridge fdb show` has mac on.
+func fdbPortOf(t *testing.T, bridge string, mac net.HardwareAddr) string {
+	t.Helper()
+	out, err := exec.Command("bridge", "fdb", "show", "br", bridge).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bridge fdb show: %v %s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && strings.EqualFold(f[0], mac.String()) && f[1] == "dev" {
+			return f[2]
+		}
+	}
+	return ""
+}
+
+// TestPortBinding runs the port-binding layer on the real daemon: a running box with no
+// binding is drift, BindPorts binds what runs (read from Incus's dnsmasq.hosts allocation),
+// and with NIC filtering switched off on the attacking box the bindings alone keep its
+// spoofed frames off the bridge (and the sibling's FDB entry where it is); with both off
+// they get through (the capture's control). A stopped box leaves a stale binding: drift
+// until BindPorts.
+func TestPortBinding(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	s := teststack.New(t, c, "portbind")
+	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
+	h := boxcore.NewHost(c, s)
+	img := teststack.ProbeImage(t, c)
+	var nics []boxNIC
+	for _, suffix := range []string{"a", "b"} {
+		name := "cbt-pbind-" + testenv.RunID() + "-" + suffix
+		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
+			t.Fatalf("new %s: %v", name, err)
+		}
+		nics = append(nics, nicOf(t, c, name))
+	}
+	a, b := nics[0], nics[1]
+	t.Logf("a %s %s %s, b %s %s %s", a.veth, a.mac, a.ip, b.veth, b.mac, b.ip)
+
+	// Unbound running boxes are drift (boxcore's New does not bind: the verb does).
+	r := mustCheck(t, h)
+	var unbound []string
+	for _, d := range r.Drift() {
+		if d.Layer == "port binding" {
+			unbound = append(unbound, d.Item+": "+d.Actual)
+		}
+	}
+	if len(unbound) != 2 {
+		t.Errorf("before BindPorts: port-binding drift %v, want both boxes unbound", unbound)
+	}
+	requireLayer(t, h, boxcore.LayerPortBinding, false)
+
+	if err := h.BindPorts(ctx); err != nil {
+		t.Fatalf("BindPorts: %v", err)
+	}
+	st, err := h.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []boxNIC{a, b} {
+		i := slices.IndexFunc(st.NICs, func(x boxcore.NICBinding) bool { return x.Box == n.name })
+		if i < 0 {
+			t.Fatalf("no NIC read for %s: %+v", n.name, st.NICs)
+		}
+		got := st.NICs[i]
+		t.Logf("%s: %s from %s", n.name, got.Binding, got.IPFrom)
+		if got.Problem != "" || got.Binding.Port != n.veth || got.Binding.MAC.String() != n.mac.String() ||
+			got.Binding.IPv4.String() != n.ip.String() || got.IPFrom != "dnsmasq.hosts" {
+			t.Errorf("%s: binding %+v, want %s %s %s from dnsmasq.hosts", n.name, got, n.veth, n.mac, n.ip)
+		}
+	}
+	requireLayer(t, h, boxcore.LayerPortBinding, true)
+	requireLayer(t, h, boxcore.LayerL2Ranges, true)
+	if r := mustCheck(t, h); !r.OK {
+		t.Fatalf("check after BindPorts drifts: %v", driftItems(r))
+	}
+	out, _ := exec.Command("nft", "list", "chain", "bridge", "claudebox_"+s.Network, "prerouting").CombinedOutput()
+	t.Logf("prerouting:\n%s", out)
+
+	// NIC filtering off on a: the bindings alone.
+	restoreNIC, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering}, []string{a.name})
+	if err != nil {
+		t.Fatalf("switch NIC filtering off: %v", err)
+	}
+	frames := spoofFrames(a.mac, b.mac, a.ip, b.ip)
+	// Own IPv4 and ARP pass, and an ARP probe (sender 0.0.0.0: port isolation and the
+	// bridge table's forward chain keep it from b); everything else the bindings drop (the
+	// foreign chaddr too, which NIC filtering lets through).
+	pass := func(fc frameCase) bool { return fc.name == "own-ipv4" || fc.name == "own-arp" || fc.name == "arp-0.0.0.0" }
+	// The FDB spoof is a raw-ethertype frame from b's MAC: an IPv4 one is dropped by the wall
+	// through br_netfilter before the bridge learns, which would hide the control.
+	macOfB := frameCase{"fdb-spoof", ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, b.mac, 0x88b5, []byte(marker("fdb-spoof"))), false}
+	spoofFDB := func() string {
+		sendFrom(t, c, a.name, []frameCase{macOfB})
+		return fdbPortOf(t, s.Network, b.mac)
+	}
+	seenBound := capture(t, s.Network, func() { sendFrom(t, c, a.name, frames) })
+	fdbBound := spoofFDB()
+	t.Logf("NIC filtering off, bindings on: the bridge saw %v; b's MAC on %q", seenBound, fdbBound)
+
+	restorePB, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, nil)
+	if err != nil {
+		t.Fatalf("switch port binding off: %v", err)
+	}
+	requireLayer(t, h, boxcore.LayerPortBinding, false)
+	seenNone := capture(t, s.Network, func() { sendFrom(t, c, a.name, frames) })
+	fdbNone := spoofFDB()
+	t.Logf("both off: the bridge saw %v; b's MAC on %q", seenNone, fdbNone)
+	if err := restorePB(ctx); err != nil {
+		t.Fatalf("restore port binding: %v", err)
+	}
+	if err := restoreNIC(ctx); err != nil {
+		t.Fatalf("restore NIC filtering: %v", err)
+	}
+
+	measured := 0
+	for _, fc := range frames {
+		on, off := slices.Contains(seenBound, fc.name), slices.Contains(seenNone, fc.name)
+		switch {
+		case !off:
+			t.Logf("unmeasured: %s does not reach the bridge's tap with both layers off", fc.name)
+		case on != pass(fc):
+			t.Errorf("bindings alone: %s reached the bridge = %v, want %v", fc.name, on, pass(fc))
+		default:
+			measured++
+		}
+	}
+	if measured < 7 {
+		t.Errorf("only %d frames measured: the capture sees too little", measured)
+	}
+	if fdbBound != b.veth {
+		t.Errorf("bindings alone: b's MAC moved to %q, want on %s", fdbBound, b.veth)
+	}
+	if fdbNone != a.veth {
+		t.Errorf("neither layer: b's MAC on %q, want moved to %s (the control)", fdbNone, a.veth)
+	}
+	t.Logf("FDB: b's MAC on %s with the bindings, on %s with neither layer (a is %s)", fdbBound, fdbNone, a.veth)
+
+	// A stopped box leaves a stale binding until BindPorts.
+	if err := c.SetState(ctx, b.name, "stop", true, 0); err != nil {
+		t.Fatal(err)
+	}
+	r = mustCheck(t, h)
+	if !slices.ContainsFunc(r.Drift(), func(row boxcore.CheckRow) bool {
+		return row.Layer == "port binding" && row.Actual == "stale binding"
+	}) {
+		t.Errorf("after stopping %s: no stale-binding drift: %v", b.name, driftItems(r))
+	}
+	if err := h.BindPorts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustCheck(t, h); !r.OK {
+		t.Fatalf("check after re-binding drifts: %v", driftItems(r))
+	}
+}
