@@ -102,7 +102,9 @@ func TestPortBinding(t *testing.T) {
 	// Own IPv4 and ARP pass, and an ARP probe (sender 0.0.0.0: port isolation and the
 	// bridge table's forward chain keep it from b); everything else the bindings drop (the
 	// foreign chaddr too, which NIC filtering lets through).
-	pass := func(fc frameCase) bool { return fc.name == "own-ipv4" || fc.name == "own-arp" || fc.name == "arp-0.0.0.0" }
+	pass := func(fc frameCase) bool {
+		return fc.name == "own-ipv4" || fc.name == "own-arp" || fc.name == "arp-0.0.0.0"
+	}
 	// The FDB spoof is a raw-ethertype frame from b's MAC: an IPv4 one is dropped by the wall
 	// through br_netfilter before the bridge learns, which would hide the control.
 	macOfB := frameCase{"fdb-spoof", ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, b.mac, 0x88b5, []byte(marker("fdb-spoof"))), false}
