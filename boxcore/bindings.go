@@ -213,6 +213,13 @@ func (h *Host) BindPorts(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return ErrBindNeedsRoot
 	}
+	// One read-then-apply at a time on this host: two boxes starting at once must not have
+	// the later apply carry the earlier (staler) read and unbind the other's port.
+	unlock, err := lockFile(ctx, bindLockPath, HostLockWait)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	st := &StackState{Stack: h.Stack}
 	if err := h.readIncus(ctx, st); err != nil {
 		return err
@@ -285,3 +292,15 @@ func (c *checker) bindings(st *StackState) {
 	}
 	c.add("port binding", st.Stack.Network+" no_linklocal_learn", "1", boolDigit(st.NoLLLearn))
 }
+
+// boxIPv4 is the address the stack binds for box's eth0 (invalid when unknown).
+func (st *StackState) boxIPv4(box string) netip.Addr {
+	for _, n := range st.NICs {
+		if n.Box == box && n.Device == "eth0" {
+			return n.Binding.IPv4
+		}
+	}
+	return netip.Addr{}
+}
+
+const bindLockPath = "/run/claudebox-bind.lock"

@@ -245,6 +245,9 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if ctx.Err() != nil {
 		return fail("starting", ctx.Err())
 	}
+	if err := bs.bindPorts(ctx); err != nil {
+		return fail("binding the port of", fmt.Errorf("new: %w", err))
+	}
 	// The box as we made it; no need to ask the daemon what it just told us.
 	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: cfg, Profiles: req.Profiles, Devices: req.Devices}}
 	launched := time.Now()
@@ -537,4 +540,15 @@ func randomToken() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// bindPorts binds the running boxes' bridge ports to their MAC and address (claudebox's own
+// anti-spoofing layer beside Incus's NIC filtering). Incus gives a box a new veth on every
+// start, so every verb that starts one calls it. On a remote daemon the kernel is not ours:
+// that host's own `claudebox host init` (and its boot unit) binds its boxes.
+func (bs *Boxes) bindPorts(ctx context.Context) error {
+	if bs.Client.Remote() != "local" {
+		return nil
+	}
+	return NewHost(bs.Client, bs.Stack).BindPorts(ctx)
 }

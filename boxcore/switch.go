@@ -137,6 +137,12 @@ func (sw *switcher) nicFilteringOff(ctx context.Context) error {
 		for k := range NICFiltering {
 			eth0[k] = "false"
 		}
+		// Keep the box's DHCP reservation: ipv4_filtering is what makes Incus pin one, and
+		// without it dnsmasq's dhcp-ignore=tag:!known would stop the box renewing its lease —
+		// a hole in DHCP, not in the filtering this switch is about.
+		if ip := sw.st.boxIPv4(b); ip.IsValid() {
+			eth0["ipv4.address"] = ip.String()
+		}
 		put := in.Writable()
 		put.Devices = maps.Clone(in.Devices)
 		if put.Devices == nil {

@@ -171,7 +171,10 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
 	}
-	return bs.Client.SetState(ctx, b.Name, "start", false, 0)
+	if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {
+		return err
+	}
+	return bs.bindPorts(ctx)
 }
 
 // Stop stops a box; force kills it instead of a clean shutdown.
@@ -211,7 +214,11 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 	if _, err := bs.FindSnapshot(ctx, b, snap); err != nil {
 		return err
 	}
-	return bs.Client.RestoreSnapshot(ctx, b.Name, snap)
+	if err := bs.Client.RestoreSnapshot(ctx, b.Name, snap); err != nil {
+		return err
+	}
+	// A running box is restarted by the restore: its port is a new one.
+	return bs.bindPorts(ctx)
 }
 
 // Rename renames a stopped box.
