@@ -21,10 +21,6 @@ type Host struct {
 	Stack  Stack
 	// Kernel reads and writes the host's kernel state; tests may point it elsewhere.
 	Kernel Kernel
-	// ExtraUplinks are interfaces the wall lets box egress leave by besides the default
-	// routes' (the drill admits its public decoy's veth for a run; every apply, restores
-	// included, keeps it while it is set).
-	ExtraUplinks []string
 }
 
 // NewHost returns a Host for the given stack on the local kernel.
@@ -332,10 +328,10 @@ func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 	spec := FirewallSpec(h.Stack.Network, gw)
 	spec.Blocked = st.BlockedPrefixes()
 	spec.Ports = st.bindingsIn(gw)
-	if len(h.ExtraUplinks) > 0 {
+	if extra := st.AdmittedUplinks(); len(extra) > 0 {
 		ups, err := firewall.DefaultUplinks()
 		if err == nil {
-			spec.Uplinks = append(ups, h.ExtraUplinks...)
+			spec.Uplinks = append(ups, extra...)
 		}
 	}
 	return spec

@@ -290,9 +290,18 @@ func TestNICFiltering(t *testing.T) {
 	t.Logf("leases: %+v", leases)
 
 	frames := spoofFrames(a.mac, b.mac, a.ip, b.ip)
-	seenOn := capture(t, s.Network, func() { sendFrom(t, c, a.name, frames) })
-	t.Logf("filtering on: the bridge saw %v", seenOn)
 	h := boxcore.NewHost(c, s)
+	// What NIC filtering alone drops: claudebox's port binding (which new applies) is off
+	// on a for this capture.
+	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, []string{a.name})
+	if err != nil {
+		t.Fatalf("port binding off: %v", err)
+	}
+	seenOn := capture(t, s.Network, func() { sendFrom(t, c, a.name, frames) })
+	if err := unbind(ctx); err != nil {
+		t.Fatalf("port binding back: %v", err)
+	}
+	t.Logf("filtering on: the bridge saw %v", seenOn)
 	requireLayer(t, h, boxcore.LayerNICFiltering, true)
 
 	// DHCP and DNS through the filter: the box holds its lease (above) and the gateway's
@@ -325,9 +334,10 @@ func TestNICFiltering(t *testing.T) {
 		t.Errorf("boxes share an idmap base (%q, %q): security.idmap.isolated does not hold", base, ib.Config["volatile.idmap.base"])
 	}
 
-	// The switch: NIC filtering off on box a only; the same frames now reach the bridge
-	// (the capture's control), b keeps its filter, and restore puts a's back.
-	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering}, []string{a.name})
+	// The switch: NIC filtering off on box a only (with claudebox's port binding, the other
+	// layer against these frames, off too); the same frames now reach the bridge (the
+	// capture's control), b keeps its filter, and restore puts a's back.
+	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering, boxcore.LayerPortBinding}, []string{a.name})
 	if err != nil {
 		t.Fatalf("switch off: %v", err)
 	}

@@ -32,19 +32,11 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		done = append(done, "instance "+n)
 	}
 	links, _ := netlink.LinkList()
-	var veths int
 	for _, l := range links {
 		if isDrillVeth(l) {
 			if netlink.LinkDel(l) == nil {
-				veths++
 				done = append(done, "veth "+l.Attrs().Name+" (and its routes)")
 			}
-		}
-	}
-	if veths > 0 {
-		// A dead run may have left its public decoy admitted as an uplink of the wall.
-		if changed, err := boxcore.NewHost(c, boxcore.DefaultStack()).ApplyFirewall(ctx); err == nil && changed {
-			done = append(done, "the wall's uplinks (a dead run's decoy admitted)")
 		}
 	}
 	ents, _ := os.ReadDir("/run/netns")
@@ -62,6 +54,13 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		return done, err
 	}
 	for _, n := range nets {
+		if n.Managed && n.Config[boxcore.UplinksKey] != "" {
+			// A dead run's public decoy, admitted as an uplink of the wall.
+			if err := boxcore.NewHost(c, boxcore.Stack{Network: n.Name}).SetAdmittedUplinks(ctx, nil); err != nil {
+				return done, err
+			}
+			done = append(done, "admitted uplinks on "+n.Name+" ("+n.Config[boxcore.UplinksKey]+")")
+		}
 		if !n.Managed || !hasDrillLines(n.Config["raw.dnsmasq"]) {
 			continue
 		}
@@ -115,6 +114,9 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 	for _, n := range nets {
 		if hasDrillLines(n.Config["raw.dnsmasq"]) {
 			out = append(out, "raw.dnsmasq forwarder on "+n.Name)
+		}
+		if n.Config[boxcore.UplinksKey] != "" {
+			out = append(out, "admitted uplinks on "+n.Name)
 		}
 	}
 	return out, nil

@@ -72,7 +72,8 @@ type engine struct {
 	hostAddrs []netip.Addr
 	netBefore *incus.Network
 	forwarder string
-	windowGen int // how many re-apply windows this run made
+	windowGen int  // how many re-apply windows this run made
+	admitted  bool // the public decoy's side was admitted as an uplink
 	start     time.Time
 	lock      *os.File
 	host      *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
@@ -359,9 +360,9 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	e.hostL = ls
 	e.hostTCP = ls.TCPAddrs[0].(*net.TCPAddr).Port
 	e.hostUDP = ls.UDPAddrs[0].(*net.UDPAddr).Port
-	e.host.ExtraUplinks = []string{d.Uplink.HostVeth}
-	e.progress("  announce: the wall lets box egress leave by %s too during the run (the public decoy's side; restored afterwards)", d.Uplink.HostVeth)
-	if _, err := e.host.ApplyFirewall(ctx); err != nil {
+	e.progress("  announce: the wall lets box egress leave by %s too during the run (the public decoy's side; %s on %s, removed afterwards)", d.Uplink.HostVeth, boxcore.UplinksKey, e.o.Stack.Network)
+	e.admitted = true
+	if err := e.host.SetAdmittedUplinks(ctx, []string{d.Uplink.HostVeth}); err != nil {
 		return fmt.Errorf("admitting the public decoy as an uplink: %w", err)
 	}
 	e.forwarder = ForwarderLine(e.domain, e.gateway, d.Public)
@@ -424,9 +425,8 @@ func (e *engine) teardown(ctx context.Context) error {
 	if e.decoy != nil {
 		e.decoy.Down()
 	}
-	if len(e.host.ExtraUplinks) > 0 {
-		e.host.ExtraUplinks = nil
-		if _, err := e.host.ApplyFirewall(ctx); err != nil {
+	if e.admitted {
+		if err := e.host.SetAdmittedUplinks(ctx, nil); err != nil {
 			errs = append(errs, fmt.Errorf("restoring the wall's uplinks: %w", err))
 		} else {
 			e.progress("  restored the wall's uplinks")
