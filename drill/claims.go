@@ -13,18 +13,21 @@ type Layer = boxcore.Layer
 
 // The layers the claims name.
 const (
-	LayerNFTBridge    = boxcore.LayerNFTBridge
-	LayerBRNF         = boxcore.LayerBRNF
-	LayerPortIso      = boxcore.LayerPortIso
-	LayerDNSModeNone  = boxcore.LayerDNSModeNone
-	LayerIgnoreNames  = boxcore.LayerIgnoreNames
-	LayerNoHosts      = boxcore.LayerNoHosts
-	LayerNoIdent      = boxcore.LayerNoIdent
-	LayerACL          = boxcore.LayerACL
-	LayerHostGuard    = boxcore.LayerHostGuard
-	LayerWall         = boxcore.LayerWall
-	LayerNICFiltering = boxcore.LayerNICFiltering
-	LayerIPv6Off      = boxcore.LayerIPv6Off
+	LayerNFTBridge     = boxcore.LayerNFTBridge
+	LayerBRNF          = boxcore.LayerBRNF
+	LayerPortIso       = boxcore.LayerPortIso
+	LayerDNSModeNone   = boxcore.LayerDNSModeNone
+	LayerIgnoreNames   = boxcore.LayerIgnoreNames
+	LayerNoHosts       = boxcore.LayerNoHosts
+	LayerNoIdent       = boxcore.LayerNoIdent
+	LayerACL           = boxcore.LayerACL
+	LayerHostGuard     = boxcore.LayerHostGuard
+	LayerWall          = boxcore.LayerWall
+	LayerNICFiltering  = boxcore.LayerNICFiltering
+	LayerIPv6Off       = boxcore.LayerIPv6Off
+	LayerPortBinding   = boxcore.LayerPortBinding
+	LayerL2Ranges      = boxcore.LayerL2Ranges
+	LayerDHCPKnownOnly = boxcore.LayerDHCPKnown
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.

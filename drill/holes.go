@@ -28,10 +28,11 @@ type Hole struct {
 // green: each is held by another layer too), then the layers of each claim together (its
 // rows must turn red: the drill can fail).
 var Holes = append(singleHoles(),
-	hole("all box→box layers off", LayerPortIso, LayerNFTBridge, LayerBRNF, LayerNICFiltering),
-	hole("wall and ACL off", LayerWall, LayerACL),
-	hole("wall and host input guard off", LayerWall, LayerHostGuard),
-	hole("wall and NIC filtering off", LayerWall, LayerNICFiltering),
+	hole("all box→box layers off", LayerPortIso, LayerNFTBridge, LayerBRNF, LayerNICFiltering, LayerPortBinding),
+	hole("wall, ACL and L2 ranges off", LayerWall, LayerACL, LayerL2Ranges),
+	hole("wall, host input guard and ACL off", LayerWall, LayerHostGuard, LayerACL),
+	hole("NIC filtering, port binding and wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
+	hole("NIC filtering, port binding and dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
 )
@@ -41,6 +42,7 @@ var holeNames = map[Layer]string{
 	LayerDNSModeNone: "dns.mode=managed", LayerIgnoreNames: "dhcp-ignore-names removed", LayerNoHosts: "no-hosts removed",
 	LayerNoIdent: "no-ident removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
+	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
 }
 
 func singleHoles() []Hole {

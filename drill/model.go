@@ -248,8 +248,9 @@ const (
 
 // Kinds the lab observes itself.
 const (
-	KindLabReapply   = "lab-reapply"   // the watcher saw Incus re-apply the network inside the flood
-	KindLabConntrack = "lab-conntrack" // conntrack holds a flow from a box to a blocked decoy, or into a box
+	KindLabReapply      = "lab-reapply"       // the watcher saw Incus re-apply the network inside the flood
+	KindLabConntrackOut = "lab-conntrack-out" // conntrack holds a flow from a box to a blocked decoy
+	KindLabConntrackIn  = "lab-conntrack-in"  // conntrack holds a flow into a box from the host or the decoy
 )
 
 func (t *Topology) publicEnd() Endpoint {

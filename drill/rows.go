@@ -64,9 +64,12 @@ var (
 	ToBlockedDecoys = Selector{"every blocked decoy and the other network", func(*Topology, Endpoint) []Endpoint {
 		return []Endpoint{{Key: "decoys", Label: "every blocked decoy and the other network"}}
 	}}
-	ToHostAll   = Selector{"every host address", func(*Topology, Endpoint) []Endpoint { return []Endpoint{{Key: "host", Label: "every host address"}} }}
-	ToConntrack = Selector{"the host's conntrack table", func(*Topology, Endpoint) []Endpoint {
-		return []Endpoint{{Key: "conntrack", Label: "flows from boxes to blocked decoys, and into boxes"}}
+	ToHostAll      = Selector{"every host address", func(*Topology, Endpoint) []Endpoint { return []Endpoint{{Key: "host", Label: "every host address"}} }}
+	ToConntrackOut = Selector{"the host's conntrack table (out of boxes)", func(*Topology, Endpoint) []Endpoint {
+		return []Endpoint{{Key: "conntrack", Label: "flows from boxes to blocked decoys"}}
+	}}
+	ToConntrackIn = Selector{"the host's conntrack table (into boxes)", func(*Topology, Endpoint) []Endpoint {
+		return []Endpoint{{Key: "conntrack", Label: "flows into boxes from the host or the decoy"}}
 	}}
 	reapplied      = Control{"ctl/reapply", EndHost, EndGateway}
 	dhcpRenew      = Control{"ctl/dhcp-renew", EndSource, EndGateway}
@@ -135,7 +138,7 @@ var Claims = []ClaimRow{
 	// ip6tables hook hands it to the guard forward chain.
 	{Key: "box-box-l2/tcp6ll", Claim: ClaimBoxBoxL2, Kind: "tcp6ll", ID: "box-box-l2/{from}>{to}/tcp6ll", From: FromBoxes, To: ToOtherBoxesLL, Expect: Dropped,
 		Probe:    func(_, to Endpoint, _ *Topology) probes.Spec { return tcp6ll(to.Box.LL) },
-		Controls: []Control{{"ctl/self-tcp6ll", EndTarget, EndTarget}}, Holds: Holds{{LayerPortIso}, {LayerBRNF}}},
+		Controls: []Control{{"ctl/self-tcp6ll", EndTarget, EndTarget}}, Holds: any1(LayerPortIso, LayerBRNF, LayerNICFiltering, LayerPortBinding)},
 
 	// Box→box by name. Measured: dns.mode=managed registers the instance name (unqualified,
 	// .<domain>, PTR); without dhcp-ignore-names dnsmasq registers the DHCP hostname
@@ -152,13 +155,13 @@ var Claims = []ClaimRow{
 
 	// Box→host: the gateway (guard and ACL) and the host's other addresses (guard).
 	{Key: "box-host/gateway-tcp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostTCP,
-		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL)},
+		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL, LayerWall)},
 	{Key: "box-host/gateway-udp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostUDP,
-		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL)},
+		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL, LayerWall)},
 	{Key: "box-host/addr-tcp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostTCP,
-		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard)},
+		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall)},
 	{Key: "box-host/addr-udp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostUDP,
-		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard)},
+		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall)},
 
 	// Box→LAN, CGNAT and link-local decoys (169.254.169.254:80 included).
 	decoyRow(ClaimLAN, "lan", "tcp", ToLANDecoysTCP),
@@ -177,7 +180,7 @@ var Claims = []ClaimRow{
 	// boxes' router solicitations, which delays SLAAC until dnsmasq's next advertisement,
 	// but does not stop it (measured both ways): not a layer.
 	{Key: "ipv6/facts", Claim: ClaimIPv6, Kind: "facts", ID: "ipv6/{from}", From: FromBoxes, To: ToSelf, Probe: facts, Expect: None,
-		Controls: []Control{{"ctl/lease", EndSource, EndSource}}, Holds: any1(LayerIPv6Off)},
+		Controls: []Control{{"ctl/lease", EndSource, EndSource}}, Holds: any1(LayerIPv6Off, LayerWall)},
 
 	// Every second, not only a quiet one: while the lab makes Incus re-apply the network's
 	// firewall (Incus deletes its chains, NAT and ACL included, for about a second), every
@@ -204,7 +207,7 @@ var Claims = []ClaimRow{
 				}
 			}
 			return flood(u, c)
-		}, Controls: windowControls, Holds: any1(LayerWall), Window: WindowReapply},
+		}, Controls: windowControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/host", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>host", From: FromBoxes, To: ToHostAll, Expect: Dropped,
 		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
 			var u, c []netip.AddrPort
@@ -216,11 +219,16 @@ var Claims = []ClaimRow{
 	{Key: "window/box", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>{to}", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
 		Probe: toBoxFlood, Controls: append([]Control{selfUDP}, windowControls...), Holds: boxBoxLayers, Window: WindowReapply},
 	{Key: "window/host-box", Claim: ClaimWindow, Kind: "flood", ID: "window/host>{to}", From: FromHost, To: ToBoxes, Expect: Dropped,
-		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/decoy-box", Claim: ClaimWindow, Kind: "flood", ID: "window/decoy>{to}", From: FromDecoy, To: ToBoxes, Expect: Dropped,
-		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall), Window: WindowReapply},
-	{Key: "window/conntrack", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack", From: FromHost, To: ToConntrack, Expect: Dropped,
-		Probe: lab(KindLabConntrack), Controls: []Control{reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
+	// Flows out of a box are dropped before conntrack by either layer (the L2 input hook runs
+	// before the IP stack); flows into a box are confirmed before the bridge's output hook
+	// drops their packets, so only the wall keeps them out of the table.
+	{Key: "window/conntrack-out", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-out", From: FromHost, To: ToConntrackOut, Expect: Dropped,
+		Probe: lab(KindLabConntrackOut), Controls: []Control{reapplied}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
+	{Key: "window/conntrack-in", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-in", From: FromHost, To: ToConntrackIn, Expect: Dropped,
+		Probe: lab(KindLabConntrackIn), Controls: []Control{reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
 
 	// No spoofing: a box sends only from its own MAC and address, answers ARP only for its own
 	// address, and can neither release, steal nor invent a lease. The other end is the
@@ -228,20 +236,20 @@ var Claims = []ClaimRow{
 	// bridge's FDB moved, a lease came back. These run in a phase of their own: a successful
 	// spoof disturbs the victim's traffic.
 	{Key: "spoof/sibling-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}>{to}/sibling-ip", From: FromBoxes, To: ToOtherBoxes,
-		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP, selfUDP}, Holds: any1(LayerNICFiltering),
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP, selfUDP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
 	{Key: "spoof/any-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}/any-ip", From: FromBoxes, To: ToPublic,
-		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP}, Holds: any1(LayerNICFiltering, LayerWall),
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP}, Holds: any1(LayerNICFiltering, LayerWall, LayerPortBinding),
 		// The forged source is the other-network decoy's address: the public decoy's answer
 		// stays inside the decoy namespace, never on a real network.
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(t.otherNet(), to.Addr) }},
 	{Key: "spoof/arp", Claim: ClaimSpoof, Kind: "arp-spoof", ID: "spoof/{from}>{to}/arp", From: FromBoxes, To: ToOtherBoxes,
-		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering),
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindARPSpoof, Target: t.Gateway.Addr().String(), Spoof: &probes.SpoofSpec{VictimIP: to.Box.IPv4.String()}}
 		}},
 	{Key: "spoof/mac", Claim: ClaimSpoof, Kind: "mac-spoof", ID: "spoof/{from}>{to}/mac", From: FromBoxes, To: ToOtherBoxes,
-		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering),
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerPortBinding),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindMACSpoof, Spoof: &probes.SpoofSpec{VictimMAC: to.Box.MAC, VictimIP: to.Box.IPv4.String()}}
 		}},
@@ -250,17 +258,17 @@ var Claims = []ClaimRow{
 			return dhcpSpec(probes.KindDHCPSteal, to.Addr, &probes.DHCPSpec{VictimIP: from.Box.IPv4.String(), AskMAC: from.Box.MAC})
 		}},
 	{Key: "dhcp/fake-mac", Claim: ClaimSpoof, Kind: "dhcp-fake-mac", ID: "dhcp/{from}/fake-mac", From: FromBoxes, To: ToGateway, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{})
 		}},
 	{Key: "dhcp/steal", Claim: ClaimSpoof, Kind: "dhcp-steal", ID: "dhcp/{from}>{to}/steal", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPSteal, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String()})
 		}},
 	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
 		}},
@@ -276,9 +284,9 @@ var Claims = []ClaimRow{
 
 	// Host→box: the ACL's default ingress drop.
 	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,
-		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL)},
+		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
-		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL)},
+		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerL2Ranges)},
 }
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h Holds) ClaimRow {
@@ -290,7 +298,7 @@ func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h H
 // (and port) the same way.
 func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 	r := ClaimRow{Key: key + "/" + proto, Claim: claim, Kind: proto, ID: "decoy/{from}>{to}/" + proto, From: FromBoxes, To: to,
-		Expect: Dropped, Controls: []Control{decoyFromHost(proto)}, Holds: any1(LayerACL)}
+		Expect: Dropped, Controls: []Control{decoyFromHost(proto)}, Holds: any1(LayerACL, LayerWall, LayerL2Ranges)}
 	switch proto {
 	case "tcp":
 		r.ID += "{port}"
@@ -306,7 +314,7 @@ func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 func frameRow(variant string) ClaimRow {
 	return ClaimRow{Key: "frames/" + variant, Claim: ClaimFrames, Kind: "frame", ID: "frames/{from}>{to}/" + variant, From: FromBoxes, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP},
-		Holds: any1(LayerPortIso, LayerNICFiltering),
+		Holds: any1(LayerPortIso, LayerNICFiltering, LayerPortBinding),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: variant, DstMAC: to.Box.MAC, TargetIP: to.Box.IPv4.String()}}
 		}}
@@ -344,7 +352,7 @@ func (t *Topology) otherNet() netip.Addr {
 
 func otherNetRow(proto string, to Selector) ClaimRow {
 	r := decoyRow(ClaimOtherNet, "other-net", proto, to)
-	r.Holds = any1(LayerWall)
+	r.Holds = any1(LayerWall, LayerL2Ranges)
 	return r
 }
 

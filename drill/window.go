@@ -84,8 +84,10 @@ func (e *engine) windowOnce(ctx context.Context, rows []*Row, afterReapply func(
 		switch r.Probe.Kind {
 		case KindLabReapply:
 			r.Result = e.judgeReapply(gens, start, end, reapplyErr)
-		case KindLabConntrack:
-			r.Result = e.leftFlows()
+		case KindLabConntrackOut:
+			r.Result = e.leftFlows(true)
+		case KindLabConntrackIn:
+			r.Result = e.leftFlows(false)
 		}
 		r.Result.Probe = r.Probe
 		r.Observed = Observe(r.Case, r.Result)
@@ -111,9 +113,10 @@ func (e *engine) judgeReapply(gens []firewall.Generation, start, end time.Time, 
 			ra.Start.Sub(start).Seconds(), ra.End.Sub(start).Seconds(), end.Sub(start).Seconds())}
 }
 
-// leftFlows: conntrack entries from a box to a blocked decoy, or from outside into a box.
-// A flow is confirmed only once its first packet passed every hook, so any is a leak.
-func (e *engine) leftFlows() probes.Result {
+// leftFlows: conntrack entries from a box to a blocked decoy (out), or from the host or the
+// decoy into a box (in). A flow is confirmed once its first packet passed the IP stack's
+// hooks, so any is a leak past the wall.
+func (e *engine) leftFlows(out bool) probes.Result {
 	var boxes, blocked []netip.Prefix
 	for _, b := range e.boxes {
 		boxes = append(boxes, netip.PrefixFrom(b.IPv4, 32))
@@ -127,28 +130,31 @@ func (e *engine) leftFlows() probes.Result {
 	for _, h := range e.hostAddrs {
 		outside = append(outside, netip.PrefixFrom(h, 32))
 	}
-	out, err := firewall.FlowsBetween(boxes, blocked)
-	if err == nil {
+	var left []firewall.Flow
+	var err error
+	if out {
+		left, err = firewall.FlowsBetween(boxes, blocked)
+	} else {
 		var in []firewall.Flow
 		in, err = firewall.FlowsBetween(append(blocked, outside...), boxes)
 		for _, f := range in {
 			// dnsmasq's DHCP offers and acks leave the gateway as flows of their own.
 			if !(f.Src == e.gateway.Addr() && f.SrcPort == 67 && f.DstPort == 68) {
-				out = append(out, f)
+				left = append(left, f)
 			}
 		}
 	}
 	switch {
 	case err != nil:
 		return probes.Result{Outcome: probes.CheckFailed, Evidence: err.Error()}
-	case len(out) > 0:
+	case len(left) > 0:
 		var s []string
-		for _, f := range out {
+		for _, f := range left {
 			s = append(s, f.Text)
 		}
-		return probes.Result{Outcome: probes.Open, Evidence: fmt.Sprintf("%d flow(s) left: %s", len(out), strings.Join(s, "; "))}
+		return probes.Result{Outcome: probes.Open, Evidence: fmt.Sprintf("%d flow(s) left: %s", len(left), strings.Join(s, "; "))}
 	}
-	return probes.Result{Outcome: probes.Dropped, Evidence: "no flow from a box to a blocked decoy, none into a box"}
+	return probes.Result{Outcome: probes.Dropped, Evidence: "no such flow in conntrack"}
 }
 
 // spoofPhase runs the spoofing and odd-frame rows after the shared batch (a spoof that
