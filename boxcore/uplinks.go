@@ -4,8 +4,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // UplinksKey lists, on the network, interfaces the wall admits as uplinks besides the
@@ -49,4 +55,55 @@ func (h *Host) SetAdmittedUplinks(ctx context.Context, ifaces []string) error {
 	}
 	_, err = h.ApplyFirewall(ctx)
 	return err
+}
+
+// uplinks are the interfaces box egress may leave by: the default routes' and the admitted.
+func (st *StackState) uplinks() []string {
+	ups, _ := firewall.DefaultUplinks()
+	return append(ups, st.AdmittedUplinks()...)
+}
+
+// otherRoutes are the IPv4 destinations the host routes through an interface that is neither
+// an uplink, the bridge nor loopback — another bridge, a VPN, a LAN route, the drill's LAN-side
+// decoy — and that blocked does not cover already. Boxes must never reach them: the wall's
+// uplink rule drops them, and with them in the blocked set so do the L2 ranges.
+func otherRoutes(bridge string, uplinks []string, blocked []netip.Prefix) []netip.Prefix {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		l, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		name := l.Attrs().Name
+		if name == bridge || name == "lo" || slices.Contains(uplinks, name) {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok {
+			continue
+		}
+		p := netip.PrefixFrom(a, ones).Masked()
+		if !covered(p, blocked) && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+func covered(p netip.Prefix, by []netip.Prefix) bool {
+	for _, b := range by {
+		if b.Bits() <= p.Bits() && b.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
