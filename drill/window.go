@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -76,10 +77,25 @@ func (e *engine) windowOnce(ctx context.Context, rows []*Row, afterReapply func(
 		e.windowGen++
 		reapplyErr = e.setDNSLines(ctx, true)
 	}
-	afterReapply()
-	<-done
+	// Incus finishes a re-apply after the PUT returns (the ACL rules come last, dnsmasq
+	// restarts): the window counts only once it has settled, and only if it settled
+	// inside the floods.
+	settled := make(chan time.Time, 1)
+	go func() { settled <- e.settle(ctx, w) }()
+	var settledAt time.Time
+	select {
+	case settledAt = <-settled:
+		afterReapply()
+		<-done
+	case <-done:
+		settledAt = <-settled
+		afterReapply()
+	}
 	end := time.Now()
 	gens := w.Stop()
+	if settledAt.IsZero() || settledAt.After(end) {
+		reapplyErr = errors.Join(reapplyErr, errOutlasted)
+	}
 	for _, r := range labRows {
 		switch r.Probe.Kind {
 		case KindLabReapply:
@@ -98,6 +114,9 @@ func (e *engine) windowOnce(ctx context.Context, rows []*Row, afterReapply func(
 // judgeReapply: the window rows count only if the whole re-apply happened while the boxes
 // flooded (a re-apply that outlasted the flood, or none at all, proves nothing).
 func (e *engine) judgeReapply(gens []firewall.Generation, start, end time.Time, err error) probes.Result {
+	if errors.Is(err, errOutlasted) {
+		return probes.Result{Outcome: probes.CheckFailed, Evidence: "the re-apply outlasted the flood: it had not settled when the flood ended"}
+	}
 	if err != nil {
 		return probes.Result{Outcome: probes.CheckFailed, Evidence: "triggering the re-apply: " + err.Error()}
 	}
@@ -111,6 +130,43 @@ func (e *engine) judgeReapply(gens []firewall.Generation, start, end time.Time, 
 	return probes.Result{Outcome: probes.Open, RTT: ra.End.Sub(ra.Start),
 		Evidence: fmt.Sprintf("Incus re-applied %s from +%.2fs to +%.2fs of a %.2fs flood", e.o.Stack.Network,
 			ra.Start.Sub(start).Seconds(), ra.End.Sub(start).Seconds(), end.Sub(start).Seconds())}
+}
+
+var errOutlasted = errors.New("the re-apply outlasted the flood")
+
+// settleQuiet is how long Incus must leave the network's chains alone for a re-apply to
+// count as done; settleMax bounds the wait.
+const (
+	settleQuiet = 400 * time.Millisecond
+	settleMax   = 15 * time.Second
+)
+
+// settle waits until the re-apply is done: no generation touched the network's chains in
+// Incus's table for settleQuiet, and the bridge's dnsmasq answers the run's public name
+// (it restarts with the new lines). It returns when that was first true (zero: never).
+func (e *engine) settle(ctx context.Context, w *firewall.Watcher) time.Time {
+	deadline := time.Now().Add(settleMax)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		last := time.Time{}
+		if ra, ok := firewall.ReapplyOf(w.Generations(), e.o.Stack.Network); ok {
+			last = ra.End
+		}
+		if !last.IsZero() && time.Since(last) >= settleQuiet && e.dnsmasqAnswers(ctx) {
+			return time.Now()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return time.Time{}
+}
+
+// dnsmasqAnswers: the gateway's dnsmasq resolves the run's public name (asked from the host).
+func (e *engine) dnsmasqAnswers(ctx context.Context) bool {
+	res := probes.RunMany(ctx, []probes.Spec{{Kind: probes.KindDNS, Timeout: 300 * time.Millisecond,
+		DNS: &probes.DNSQuery{Server: e.gateway.Addr().String(), Name: e.decoy.PublicName}}})
+	return res[0].Outcome == probes.Open
 }
 
 // leftFlows: conntrack entries from a box to a blocked decoy (out), or from the host or the
