@@ -262,6 +262,13 @@ var Claims = []ClaimRow{
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{})
 		}},
+	// The same client invented in the DHCP payload only, from the box's own MAC: NIC
+	// filtering (which checks the frame's source) lets it through.
+	{Key: "dhcp/fake-chaddr", Claim: ClaimSpoof, Kind: "dhcp-fake-mac", ID: "dhcp/{from}/fake-chaddr", From: FromBoxes, To: ToGateway, Expect: NoLease,
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{OwnFrame: true})
+		}},
 	{Key: "dhcp/steal", Claim: ClaimSpoof, Kind: "dhcp-steal", ID: "dhcp/{from}>{to}/steal", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
 		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {

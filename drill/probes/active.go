@@ -88,6 +88,9 @@ type DHCPSpec struct {
 	AskMAC string `json:"ask_mac,omitempty"`
 	// FakeMAC: dhcp-fake-mac's chaddr and frame source (default random).
 	FakeMAC string `json:"fake_mac,omitempty"`
+	// OwnFrame: dhcp-fake-mac sends from the box's own MAC, only the chaddr is fake (what
+	// NIC filtering, which checks the frame's source, lets through).
+	OwnFrame bool `json:"own_frame,omitempty"`
 }
 
 // Frame variants (FrameSpec.Variant).

@@ -21,6 +21,7 @@ type dhcpRun struct {
 	srvMAC  net.HardwareAddr
 	marker  string
 	frameSM net.HardwareAddr // source MAC of the frames we send
+	fake    net.HardwareAddr // dhcp-fake-mac's chaddr
 }
 
 // probeDHCP runs dhcp-release, dhcp-steal or dhcp-fake-mac at L2 (frames
@@ -120,7 +121,10 @@ func newDHCPRun(ctx context.Context, s Spec, marker string) (*dhcpRun, error) {
 		d.srvMAC = m
 	}
 	if s.Kind == KindDHCPFakeMAC {
-		d.frameSM = macOr(s.DHCP.FakeMAC, nil)
+		d.fake = macOr(s.DHCP.FakeMAC, nil)
+		if !s.DHCP.OwnFrame {
+			d.frameSM = d.fake
+		}
 	}
 	return d, nil
 }
@@ -158,7 +162,7 @@ func (d *dhcpRun) messages(s Spec) (msgs []*dhcpv4.DHCPv4, chaddr net.HardwareAd
 	ds := s.DHCP
 	tag := dhcpv4.WithOption(dhcpv4.OptMessage(d.marker))
 	if s.Kind == KindDHCPFakeMAC {
-		chaddr = d.frameSM
+		chaddr = d.fake
 		disc, err := dhcpv4.NewDiscovery(chaddr, dhcpv4.WithBroadcast(true), tag)
 		return []*dhcpv4.DHCPv4{disc}, chaddr, netip.Addr{}, err
 	}

@@ -74,7 +74,7 @@
 //	               address → refused; silence → dropped (Result.DHCPReply).
 //	dhcp-steal     DHCP{VictimIP, AskMAC?}: the REQUEST alone (no DISCOVER, so dnsmasq's
 //	               ping-before-offer does not apply). Outcomes as dhcp-release.
-//	dhcp-fake-mac  DHCP{FakeMAC?}: DISCOVER with a fake chaddr from a frame with that source
+//	dhcp-fake-mac  DHCP{FakeMAC?, OwnFrame?}: DISCOVER with a fake chaddr from a frame with that source (OwnFrame: from our own MAC)
 //	               MAC. Any OFFER/ACK to it → open; NAK → refused; silence → dropped.
 //	               The dhcp kinds default to a 5 s Timeout (dnsmasq holds a new client's
 //	               offer ~3 s while it pings the address).
