@@ -70,4 +70,18 @@ func TestDHCP(t *testing.T) {
 			t.Errorf("reply %+v", r.DHCPReply)
 		}
 	})
+	// Only the chaddr invented, from our own MAC: the chaddr filter still stops it, and
+	// without it the server offers to the invented client.
+	fakeChaddr := dhcpSpec(KindDHCPFakeMAC, DHCPSpec{OwnFrame: true})
+	t.Run("fake chaddr from our own MAC blocked by the port filter", func(t *testing.T) {
+		withFilter(t, true)
+		expect("fake-chaddr", Run(ctx, fakeChaddr), Dropped)
+	})
+	t.Run("fake chaddr from our own MAC open", func(t *testing.T) {
+		r := Run(ctx, fakeChaddr)
+		expect("fake-chaddr", r, Open)
+		if r.DHCPReply == nil || r.DHCPReply.Type != "OFFER" || r.DHCPReply.ChAddr == "" {
+			t.Errorf("reply %+v", r.DHCPReply)
+		}
+	})
 }
