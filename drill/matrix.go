@@ -118,7 +118,21 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	// the rest (they wait out dnsmasq's ping before an offer).
 	dhcpDone := make(chan struct{})
 	startDHCP := func() {
-		go func() { defer close(dhcpDone); e.execute(ctx, phase[WindowDHCP]) }()
+		go func() {
+			defer close(dhcpDone)
+			// The boxes' own renewals first: one after a sibling's spoofed release would
+			// put the released lease back before it is read.
+			var own, abuse []*Row
+			for _, r := range phase[WindowDHCP] {
+				if r.Claim == ClaimControl {
+					own = append(own, r)
+				} else {
+					abuse = append(abuse, r)
+				}
+			}
+			e.execute(ctx, own)
+			e.execute(ctx, abuse)
+		}()
 	}
 	if err := e.window(ctx, phase[WindowReapply], startDHCP); err != nil {
 		<-dhcpDone
@@ -144,6 +158,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	}
 	e.spoofPhase(ctx, phase[WindowSpoof])
 	<-dhcpDone
+	e.leasesIntact(ctx, phase[WindowLeases])
 	hits := e.allHits(ctx)
 	heard(m.Rows, hits)
 	Judge(m.Rows)

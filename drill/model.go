@@ -244,6 +244,7 @@ const (
 	WindowReapply = "reapply" // while Incus re-applies the network's firewall
 	WindowSpoof   = "spoof"   // after the shared batch: a spoof that works disturbs its victim
 	WindowDHCP    = "dhcp"    // once dnsmasq is back from the re-apply, beside everything else
+	WindowLeases  = "leases"  // read from dnsmasq once the DHCP rows are done
 )
 
 // Kinds the lab observes itself.
@@ -251,6 +252,7 @@ const (
 	KindLabReapply      = "lab-reapply"       // the watcher saw Incus re-apply the network inside the flood
 	KindLabConntrackOut = "lab-conntrack-out" // conntrack holds a flow from a box to a blocked decoy
 	KindLabConntrackIn  = "lab-conntrack-in"  // conntrack holds a flow into a box from the host or the decoy
+	KindLabLeaseIntact  = "lab-lease-intact"  // dnsmasq lost a box's lease (after a sibling's spoofed release)
 )
 
 func (t *Topology) publicEnd() Endpoint {

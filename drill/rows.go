@@ -275,10 +275,16 @@ var Claims = []ClaimRow{
 			return dhcpSpec(probes.KindDHCPSteal, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String()})
 		}},
 	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
 		}},
+	// The release itself: dnsmasq keys leases by chaddr, so a release naming the sibling's
+	// MAC frees its lease record. Harmless while the reservation holds the address for it
+	// (it renews the same address), but only the port binding keeps the record intact.
+	{Key: "dhcp/release-intact", Claim: ClaimSpoof, Kind: "lease", ID: "dhcp/{from}>{to}/lease-intact", From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowLeases, Controls: []Control{{"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding),
+		Probe: lab(KindLabLeaseIntact)},
 
 	// Odd frames to a sibling: priority-tagged (VLAN 0) IPv4, IPv6, DHCP offer and router
 	// advertisement, a raw ethertype, ARP from 0.0.0.0. The sibling's capture is the evidence.

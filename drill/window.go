@@ -214,37 +214,98 @@ func (e *engine) leftFlows(out bool) probes.Result {
 }
 
 // spoofPhase runs the spoofing and odd-frame rows after the shared batch (a spoof that
-// works disturbs its victim's traffic), then reads the host's side of the ARP and MAC
-// spoofs: the neighbour entry of the victim's address and the FDB entry of its MAC.
+// works disturbs its victim's traffic), and watches the host's side of the ARP and MAC
+// spoofs while they run: the neighbour entry of each victim's address and the FDB entry of
+// its MAC. A poisoning the victim's own traffic undoes a moment later still counts.
 func (e *engine) spoofPhase(ctx context.Context, rows []*Row) {
 	if len(rows) == 0 {
 		return
 	}
-	e.execute(ctx, rows)
+	moved := e.watchVictims(ctx, func() { e.execute(ctx, rows) })
+	for _, r := range rows {
+		if r.Observed == Open {
+			continue
+		}
+		var key string
+		switch r.Probe.Kind {
+		case probes.KindARPSpoof:
+			key = "neigh " + r.To
+		case probes.KindMACSpoof:
+			key = "fdb " + r.To
+		}
+		if ev, ok := moved[key]; ok && key != "" {
+			r.Observed, r.Result.Evidence = Open, ev
+		}
+	}
+}
+
+// watchVictims runs f while polling, every 20 ms, where the host's neighbour table puts each
+// box's address and on which port the bridge learnt each box's MAC. It returns what moved,
+// keyed "neigh BOX" / "fdb BOX".
+func (e *engine) watchVictims(ctx context.Context, f func()) map[string]string {
 	k := boxcore.LocalKernel()
+	moved := map[string]string{}
+	ports := map[string]string{}
+	for _, b := range e.boxes {
+		if st, err := e.c.InstanceState(ctx, b.Name); err == nil {
+			ports[b.Name] = st.Network["eth0"].HostName // the port now, not when it was minted
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			for _, b := range e.boxes {
+				if mac, err := k.NeighbourMAC(e.o.Stack.Network, b.IPv4); err == nil && mac != "" && mac != strings.ToLower(b.MAC) {
+					moved["neigh "+b.Name] = fmt.Sprintf("the host's neighbour entry for %s moved to %s (the victim is %s)", b.IPv4, mac, b.MAC)
+				}
+				ps, err := k.FDBPorts(e.o.Stack.Network, b.MAC)
+				for _, p := range ps {
+					if err == nil && p != ports[b.Name] {
+						moved["fdb "+b.Name] = fmt.Sprintf("the bridge learnt %s on %s (the victim's port is %s)", b.MAC, p, ports[b.Name])
+					}
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	f()
+	close(stop)
+	wg.Wait()
+	return moved
+}
+
+// leasesIntact turns a release row whose victim's lease vanished from dnsmasq into "open":
+// the release reached the server as the victim's.
+func (e *engine) leasesIntact(ctx context.Context, rows []*Row) {
+	leases, err := e.c.NetworkLeases(ctx, e.o.Stack.Network)
+	if err != nil {
+		return
+	}
 	byName := map[string]*Box{}
 	for _, b := range e.boxes {
 		byName[b.Name] = b
 	}
 	for _, r := range rows {
 		victim := byName[r.To]
-		if victim == nil || r.Observed == Open {
+		if r.Probe.Kind != KindLabLeaseIntact || victim == nil {
 			continue
 		}
-		switch r.Probe.Kind {
-		case probes.KindARPSpoof:
-			mac, err := k.NeighbourMAC(e.o.Stack.Network, victim.IPv4)
-			if err == nil && mac != "" && mac != strings.ToLower(victim.MAC) {
-				r.Observed, r.Result.Evidence = Open, fmt.Sprintf("the host's neighbour entry for %s moved to %s (the victim is %s)", victim.IPv4, mac, victim.MAC)
-			}
-		case probes.KindMACSpoof:
-			ports, err := k.FDBPorts(e.o.Stack.Network, victim.MAC)
-			for _, p := range ports {
-				if err == nil && p != victim.Veth {
-					r.Observed, r.Result.Evidence = Open, fmt.Sprintf("the bridge learnt %s on %s (the victim's port is %s)", victim.MAC, p, victim.Veth)
-				}
-			}
+		held := false
+		for _, l := range leases {
+			held = held || strings.EqualFold(l.Hwaddr, victim.MAC) && l.Address == victim.IPv4.String()
 		}
+		r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Dropped, Evidence: "the victim's lease is intact"}
+		if !held {
+			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Open, Evidence: "dnsmasq no longer holds the victim's lease " + victim.IPv4.String()}
+		}
+		r.Observed = Observe(r.Case, r.Result)
 	}
 }
 
