@@ -74,6 +74,7 @@ type engine struct {
 	forwarder string
 	windowGen int  // how many re-apply windows this run made
 	admitted  bool // the public decoy's side was admitted as an uplink
+	rounds    int  // matrices run so far
 	start     time.Time
 	lock      *os.File
 	host      *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
@@ -261,6 +262,7 @@ func (e *engine) topology() *Topology {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide = e.decoy.LAN.HostAddr
 	}
+	t.Round = e.rounds
 	return t
 }
 

@@ -83,6 +83,7 @@ type HoleResult struct {
 	CheckFailed []string      `json:"check_failed,omitempty"`
 	Missing     []string      `json:"expected_but_held,omitempty"`
 	Unexpected  []string      `json:"red_but_not_attributed,omitempty"`
+	Details     []string      `json:"details,omitempty"` // what each row off its attribution observed
 	OK          bool          `json:"as_attributed"`
 	Restored    bool          `json:"host_restored"`
 	RestoreErr  string        `json:"restore_error,omitempty"`
@@ -189,9 +190,11 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		}
 		if exp && !red {
 			hr.Missing = append(hr.Missing, r.ID)
+			hr.Details = append(hr.Details, fmt.Sprintf("%s held: %s (%s)", r.ID, r.Observed, r.Result.Evidence))
 		}
 		if red && !exp {
 			hr.Unexpected = append(hr.Unexpected, r.ID+" ("+string(r.Observed)+")")
+			hr.Details = append(hr.Details, fmt.Sprintf("%s red: %s (%s)", r.ID, r.Observed, r.Result.Evidence))
 		}
 	}
 	hr.OK = len(hr.Missing) == 0 && len(hr.Unexpected) == 0 && len(hr.CheckFailed) == 0 && hr.Restored

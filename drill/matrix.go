@@ -104,6 +104,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	if err := e.decoy.VerifyRoutes(); err != nil {
 		return nil, err
 	}
+	e.rounds++
 	cases, err := Plan(Claims, e.topology(), e.o.Timeout)
 	if err != nil {
 		return nil, err
@@ -160,7 +161,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	<-dhcpDone
 	e.leasesIntact(ctx, phase[WindowLeases])
 	hits := e.allHits(ctx)
-	heard(m.Rows, hits)
+	heard(m.Rows, hits, t)
 	Judge(m.Rows)
 	if err := Complete(cases, m.Rows); err != nil {
 		return nil, err

@@ -75,6 +75,9 @@ type Topology struct {
 	// DecoyHostSide is the host's address on the decoy's LAN side (where the decoy's own
 	// flood control aims).
 	DecoyHostSide netip.Addr
+	// Round numbers the matrices of a run: markers differ per round, so what a listener
+	// heard in an earlier matrix (a seeded hole) is never taken for this one's.
+	Round int
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.
@@ -176,7 +179,7 @@ func Plan(rows []ClaimRow, t *Topology, timeout time.Duration) ([]Case, error) {
 				}
 				c.Probe.ID = c.ID
 				if c.Probe.Payload == "" && activeKind(c.Probe.Kind) {
-					c.Probe.Payload = markerFor(c.ID)
+					c.Probe.Payload = markerFor(fmt.Sprintf("%s#%d", c.ID, t.Round))
 				}
 				for _, ctl := range r.Controls {
 					cr := byKey[ctl.Row]

@@ -333,7 +333,7 @@ func (e *engine) runInDecoy(ctx context.Context, specs []probes.Spec) ([]probes.
 
 // heard turns a negative row whose marker reached any receiver (the decoy, the host's
 // listener, a box's) into "open": the other end's view outranks the sender's silence.
-func heard(rows []*Row, hits map[string][]probes.Hit) {
+func heard(rows []*Row, hits map[string][]probes.Hit, since time.Time) {
 	for _, r := range rows {
 		if !r.Expected.Negative() || r.Probe.Payload == "" || !activeKind(r.Probe.Kind) {
 			continue
@@ -341,6 +341,9 @@ func heard(rows []*Row, hits map[string][]probes.Hit) {
 		var seen []string
 		for where, hs := range hits {
 			for _, h := range hs {
+				if h.Time.Before(since) {
+					continue // an earlier matrix's
+				}
 				if strings.Contains(h.Payload, r.Probe.Payload) || h.Frame != nil && h.Frame.Marker == r.Probe.Payload {
 					seen = append(seen, fmt.Sprintf("%s heard %s from %s", where, h.Proto, h.Peer))
 				}
