@@ -1,9 +1,11 @@
 package boxcore
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -54,4 +56,44 @@ func (k Kernel) FDBPorts(bridge, mac string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// ForgetLearnt deletes what the bridge and the host learnt about these boxes — the FDB
+// entries of their MACs (dynamic ones: learnt, never the bridge's own) and the host's
+// neighbour entries of their addresses — so a poisoning a seeded hole let through does not
+// outlive it: the next frames are learnt again from the boxes themselves.
+func (k Kernel) ForgetLearnt(bridge string, macs []string, ips []netip.Addr) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return err
+	}
+	fdb, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range fdb {
+		if n.MasterIndex != br.Attrs().Index || n.State&netlink.NUD_PERMANENT != 0 || n.State&netlink.NUD_NOARP != 0 {
+			continue
+		}
+		for _, m := range macs {
+			if strings.EqualFold(n.HardwareAddr.String(), m) {
+				if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("fdb %s: %w", m, err))
+				}
+			}
+		}
+	}
+	neigh, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, n := range neigh {
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && slices.Contains(ips, a) {
+			if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("neighbour %s: %w", a, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

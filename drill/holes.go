@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/drill/probes"
 	"github.com/claudebox/claudebox/firewall"
 )
@@ -138,6 +139,15 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
 			errs = append(errs, err)
 		}
+		// A MAC or ARP spoof the hole let through leaves the bridge's FDB and the host's
+		// neighbour table pointing at the attacker: later holes would measure that.
+		var macs []string
+		for _, b := range e.boxes {
+			macs = append(macs, b.MAC)
+		}
+		if err := boxcore.LocalKernel().ForgetLearnt(e.o.Stack.Network, macs, e.boxAddrs()); err != nil {
+			errs = append(errs, err)
+		}
 		if h.Remint {
 			errs = append(errs, e.remint(ctx))
 		}
@@ -209,6 +219,16 @@ func (e *engine) boxNames() []string {
 	for _, b := range e.boxes {
 		if b != nil {
 			out = append(out, b.Name)
+		}
+	}
+	return out
+}
+
+func (e *engine) boxAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, b := range e.boxes {
+		if b != nil && b.IPv4.IsValid() {
+			out = append(out, b.IPv4)
 		}
 	}
 	return out
