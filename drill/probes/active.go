@@ -100,11 +100,12 @@ const (
 	FrameVLAN0DHCPOffer = "vlan0-dhcp-offer" // priority-tagged rogue DHCPOFFER, broadcast
 	FrameVLAN0RA        = "vlan0-ra"         // priority-tagged router advertisement, 2001:db8:cb00::/64
 	FrameEthertype      = "ethertype"        // EtherExperimental (0x88B5) with the marker
+	FrameLinkLocalUDP   = "ll-udp"           // IPv4 UDP to TargetIP:Port in a frame to an 802.1 link-local group MAC
 	FrameARPZero        = "arp-zero"         // ARP who-has TargetIP from sender 0.0.0.0
 )
 
 // FrameVariants lists the variants in doc order.
-var FrameVariants = []string{FrameVLAN0IPv4, FrameVLAN0IPv6, FrameVLAN0DHCPOffer, FrameVLAN0RA, FrameEthertype, FrameARPZero}
+var FrameVariants = []string{FrameVLAN0IPv4, FrameVLAN0IPv6, FrameVLAN0DHCPOffer, FrameVLAN0RA, FrameEthertype, FrameARPZero, FrameLinkLocalUDP}
 
 // FrameSpec is the frame kind: one variant, sent a few times to DstMAC.
 type FrameSpec struct {
@@ -114,9 +115,12 @@ type FrameSpec struct {
 	DstMAC string `json:"dst_mac,omitempty"`
 	// TargetIP: arp-zero's who-has; vlan0-dhcp-offer's yiaddr.
 	TargetIP string `json:"target_ip,omitempty"`
-	// Port: UDP destination of vlan0-ipv4/ipv6 (default DefaultUDPPort, the
+	// Port: UDP destination of vlan0-ipv4/ipv6 and ll-udp (default DefaultUDPPort, the
 	// listeners' echo port, so an echo proves delivery).
 	Port int `json:"port,omitempty"`
+	// SrcIP: ll-udp's IPv4 source (default our own address): a sibling's, to reflect a
+	// host service's answer into it.
+	SrcIP string `json:"src_ip,omitempty"`
 }
 
 // Counts is what an active kind sent and saw.
@@ -292,7 +296,10 @@ func (s Spec) validateFrame() error {
 	if f.Port < 0 || f.Port > 65535 {
 		return fmt.Errorf("frame.port %d out of range", f.Port)
 	}
-	return parseIPv4("frame.target_ip", f.TargetIP, f.Variant == FrameARPZero)
+	if err := parseIPv4("frame.src_ip", f.SrcIP, false); err != nil {
+		return err
+	}
+	return parseIPv4("frame.target_ip", f.TargetIP, f.Variant == FrameARPZero || f.Variant == FrameLinkLocalUDP)
 }
 
 // defaultTimeout: DefaultTimeout, except that a flood runs Duration plus a

@@ -82,7 +82,10 @@
 //	               IPv4 UDP broadcast to Port, default 7002), vlan0-ipv6 (tagged UDP to
 //	               ff02::1), vlan0-dhcp-offer (tagged rogue offer), vlan0-ra (tagged RA for
 //	               2001:db8:cb00::/64, default route via us), ethertype (0x88B5), arp-zero
-//	               (who-has TargetIP from 0.0.0.0). An answer here (the echo, the ARP
+//	               (who-has TargetIP from 0.0.0.0), ll-udp (IPv4 UDP from SrcIP, default
+//	               ours, to TargetIP:Port in a frame to an 802.1 link-local group MAC,
+//	               default 01:80:c2:00:00:0e: the bridge hands it to the IP stack on the
+//	               sender's own port). An answer here (the echo, the ARP
 //	               reply) → open; else dropped — for offer, RA and ethertype there is none
 //	               to expect: the receiver's capture hit and facts are the evidence. Aim
 //	               at a sibling with DstMAC, or the gateway answers broadcasts too.

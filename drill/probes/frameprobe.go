@@ -17,6 +17,9 @@ var (
 	// raPrefix is what a rogue RA offers: documentation space, so a box that
 	// takes it gains an address and route that lead nowhere real.
 	raPrefix = netip.MustParsePrefix("2001:db8:cb00::/64")
+	// linkLocalLLDP is the nearest-bridge group address (LLDP), which the bridge neither
+	// forwards nor passes through its input hook.
+	linkLocalLLDP = net.HardwareAddr{0x01, 0x80, 0xc2, 0, 0, 0x0e}
 )
 
 // probeFrame sends one odd frame (FrameSpec.Variant) repeatedly over the
@@ -93,6 +96,19 @@ func (b frameBuilder) build() ([]byte, frameMatch, error) {
 		return ethFrame(macOr(b.f.DstMAC, allNodesMAC), b.me, true, etherIPv6, b.ra()), never, nil
 	case FrameEthertype:
 		return ethFrame(dst, b.me, false, EtherExperimental, padTo(b.marker, 46)), never, nil
+	case FrameLinkLocalUDP:
+		// The bridge does not forward 01:80:c2:00:00:0X: the kernel hands such a frame to
+		// the IP stack on the box's own bridge port, around every rule that names the bridge.
+		if b.f.TargetIP == "" {
+			return nil, nil, fmt.Errorf("ll-udp needs a target IP")
+		}
+		src := src4
+		if b.f.SrcIP != "" {
+			src = netip.MustParseAddr(b.f.SrcIP).Unmap()
+		}
+		to := netip.MustParseAddr(b.f.TargetIP).Unmap()
+		pkt := udpPacket(netip.AddrPortFrom(src, 40003), netip.AddrPortFrom(to, port), b.marker)
+		return ethFrame(macOr(b.f.DstMAC, linkLocalLLDP), b.me, false, etherIPv4, pkt), echoed, nil
 	case FrameARPZero:
 		tpa := netip.MustParseAddr(b.f.TargetIP).Unmap()
 		// The marker rides in the trailer after the ARP body (where the

@@ -14,6 +14,9 @@ func frameSpecs() []Spec {
 	for _, v := range FrameVariants {
 		// Unicast to B, as the drill aims at a sibling: a broadcast would
 		// also reach (and be answered by) the gateway.
+		if v == FrameLinkLocalUDP {
+			continue // aimed at the host through a link-local group MAC, not at a sibling
+		}
 		f := &FrameSpec{Variant: v, DstMAC: macB}
 		if v == FrameARPZero {
 			f.TargetIP = lanB
