@@ -460,3 +460,76 @@ func TestExecProtocol(t *testing.T) {
 		t.Errorf("empty command accepted")
 	}
 }
+
+// Incus 6.0.4 fails a network's create and delete, not only its update, with "Failed to delete
+// bridge children interfaces" (500) when a veth vanishes while it brings the bridge up or down:
+// CreateNetwork and DeleteNetwork retry it, as a test stack's setup and teardown need.
+func TestNetworkCreateDeleteRetryBridgeChildrenRace(t *testing.T) {
+	const race = "Failed to delete bridge children interfaces: route ip+net: no such network interface"
+	var posts, deletes atomic.Int32
+	var created atomic.Bool
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/1.0/networks":
+			n := posts.Add(1)
+			if n <= 2 {
+				writeJSON(w, 500, apiErr(500, race))
+				return
+			}
+			if created.Load() {
+				writeJSON(w, 409, apiErr(409, "The network already exists"))
+				return
+			}
+			created.Store(true)
+			writeJSON(w, 200, sync(nil))
+		case r.Method == http.MethodGet && r.URL.Path == "/1.0/networks/n1":
+			writeJSON(w, 200, sync(map[string]any{"name": "n1", "type": "bridge", "managed": true,
+				"config": map[string]string{"ipv4.address": "10.9.9.1/24", "volatile.x": "y"}}))
+		case r.Method == http.MethodDelete && r.URL.Path == "/1.0/networks/n1":
+			if deletes.Add(1) == 1 {
+				writeJSON(w, 500, apiErr(500, race))
+				return
+			}
+			writeJSON(w, 200, sync(nil))
+		case r.Method == http.MethodDelete && r.URL.Path == "/1.0/networks/gone":
+			if deletes.Add(1) <= 3 {
+				writeJSON(w, 500, apiErr(500, race))
+				return
+			}
+			writeJSON(w, 404, apiErr(404, "Network not found"))
+		case r.Method == http.MethodDelete && r.URL.Path == "/1.0/networks/missing":
+			writeJSON(w, 404, apiErr(404, "Network not found"))
+		default:
+			writeJSON(w, 404, apiErr(404, "not found"))
+		}
+	})
+	ctx := context.Background()
+	cfg := map[string]string{"ipv4.address": "10.9.9.1/24"}
+	if err := c.CreateNetwork(ctx, "n1", "bridge", cfg, ""); err != nil || posts.Load() != 3 {
+		t.Fatalf("create raced twice: err %v after %d POSTs, want success on the third", err, posts.Load())
+	}
+	// A create whose raced attempt left the network there anyway: the conflict on the retry is
+	// the network asked for.
+	posts.Store(1)
+	if err := c.CreateNetwork(ctx, "n1", "bridge", cfg, ""); err != nil {
+		t.Fatalf("create raced, then found its network: %v", err)
+	}
+	// Without a race first, a duplicate stays a conflict; another config is not ours either.
+	if err := c.CreateNetwork(ctx, "n1", "bridge", cfg, ""); !errors.Is(err, incus.ErrConflict) {
+		t.Fatalf("duplicate create: %v, want ErrConflict", err)
+	}
+	posts.Store(1)
+	if err := c.CreateNetwork(ctx, "n1", "bridge", map[string]string{"ipv4.address": "10.9.8.1/24"}, ""); !errors.Is(err, incus.ErrConflict) {
+		t.Fatalf("create raced, then found another network of that name: %v, want ErrConflict", err)
+	}
+	if err := c.DeleteNetwork(ctx, "n1"); err != nil || deletes.Load() != 2 {
+		t.Fatalf("delete raced once: err %v after %d DELETEs", err, deletes.Load())
+	}
+	deletes.Store(0)
+	if err := c.DeleteNetwork(ctx, "gone"); err != nil || deletes.Load() != 4 {
+		t.Fatalf("delete raced, then the network was gone: err %v after %d DELETEs", err, deletes.Load())
+	}
+	if err := c.DeleteNetwork(ctx, "missing"); !errors.Is(err, incus.ErrNotFound) {
+		t.Fatalf("delete of a network that never was: %v, want ErrNotFound", err)
+	}
+}

@@ -2,6 +2,7 @@ package incus
 
 import (
 	"context"
+	"errors"
 	"net/http"
 )
 
@@ -42,14 +43,36 @@ func (c *Client) Networks(ctx context.Context) ([]Network, error) {
 	return out, nil
 }
 
-// CreateNetwork creates a managed network of type typ ("bridge" usually).
+// CreateNetwork creates a managed network of type typ ("bridge" usually). Incus 6.0.4's
+// "Failed to delete bridge children interfaces" while it brings the bridge up is retried
+// (IsBridgeChildrenRace; Incus reverts the failed create). Should a retry find the network
+// there all the same, with the config asked for, the create counts as done.
 func (c *Client) CreateNetwork(ctx context.Context, name, typ string, config map[string]string, description string) error {
 	if config == nil {
 		config = map[string]string{}
 	}
-	_, err := c.call(ctx, http.MethodPost, "/1.0/networks", map[string]any{
-		"name": name, "type": typ, "config": config, "description": description}, nil)
-	return err
+	raced := false
+	return RetryBridgeChildrenRace(ctx, func() error {
+		_, err := c.call(ctx, http.MethodPost, "/1.0/networks", map[string]any{
+			"name": name, "type": typ, "config": config, "description": description}, nil)
+		if raced && errors.Is(err, ErrConflict) {
+			if n, _, gerr := c.Network(ctx, name); gerr == nil && n.Type == typ && hasConfig(n.Config, config) {
+				return nil
+			}
+		}
+		raced = raced || IsBridgeChildrenRace(err)
+		return err
+	})
+}
+
+// hasConfig: every key of want has its value in have.
+func hasConfig(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // UpdateNetwork replaces a network's config and description (PUT). etag, when not empty,
@@ -63,10 +86,19 @@ func (c *Client) UpdateNetwork(ctx context.Context, name string, config map[stri
 	return err
 }
 
-// DeleteNetwork deletes a managed network.
+// DeleteNetwork deletes a managed network. Incus 6.0.4's "Failed to delete bridge children
+// interfaces" while it takes the bridge down is retried (IsBridgeChildrenRace); a retry that
+// finds the network gone counts as done.
 func (c *Client) DeleteNetwork(ctx context.Context, name string) error {
-	_, err := c.call(ctx, http.MethodDelete, "/1.0/networks/"+esc(name), nil, nil)
-	return err
+	raced := false
+	return RetryBridgeChildrenRace(ctx, func() error {
+		_, err := c.call(ctx, http.MethodDelete, "/1.0/networks/"+esc(name), nil, nil)
+		if raced && errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		raced = raced || IsBridgeChildrenRace(err)
+		return err
+	})
 }
 
 // NetworkLeases lists a managed network's DHCP leases.

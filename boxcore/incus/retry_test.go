@@ -12,6 +12,12 @@ func TestRetryBridgeChildrenRace(t *testing.T) {
 	if !IsBridgeChildrenRace(fmt.Errorf("wrapped: %w", race)) || IsBridgeChildrenRace(other) || IsBridgeChildrenRace(nil) {
 		t.Fatal("IsBridgeChildrenRace misclassifies")
 	}
+	for _, m := range []string{"POST", "DELETE"} {
+		e := &StatusError{Code: 500, Message: "Failed to delete bridge children interfaces: x", Method: m, Path: "/1.0/networks"}
+		if !IsBridgeChildrenRace(e) {
+			t.Fatalf("the race on a network %s is not recognised", m)
+		}
+	}
 	n := 0
 	err := RetryBridgeChildrenRace(context.Background(), func() error {
 		if n++; n < 3 {
