@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
@@ -51,6 +52,7 @@ type InitPlan struct {
 	Pool      string
 
 	state                      *StackState
+	pinned                     bool // the subnet was the caller's choice: never re-picked
 	networkConfig              map[string]string
 	aclEgress                  []ACLRuleSpec
 	networkChanged, aclChanged bool
@@ -73,7 +75,7 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 	if err != nil {
 		return nil, err
 	}
-	p := &InitPlan{}
+	p := &InitPlan{pinned: pinned != nil}
 	if p.Pool, err = h.pickPool(ctx); err != nil {
 		return nil, err
 	}
@@ -262,9 +264,7 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 		return fmt.Errorf("creating ACL %s: %w", s.ACL, err)
 	}
 	if st.Network == nil {
-		cfg := maps.Clone(p.networkConfig)
-		maps.Copy(cfg, s.Marks)
-		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
+		if err := h.createNetwork(ctx, p); err != nil {
 			return fmt.Errorf("creating network %s: %w", s.Network, err)
 		}
 	} else if p.networkChanged {
@@ -289,6 +289,119 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 		}
 	}
 	return nil
+}
+
+// SubnetLockPath is the lock every claudebox process on the host (the CLI, the test stacks, the
+// drill) holds from reading the subnets in use to creating its network, so that two inits running
+// at once never both take the same free /24. Incus does not refuse a second bridge with a subnet
+// another already has: either the second's dnsmasq cannot bind the gateway and the create fails,
+// or both come up and the gateway's unicast, DNS and DHCP renewals reach the wrong bridge. It is
+// not HostLockPath, which a drill run holds for its whole run while test stacks are created
+// beside it.
+const SubnetLockPath = "/run/claudebox-subnet.lock"
+
+// subnetLockWait bounds the wait for another init's pick-and-create (a second or two each).
+const subnetLockWait = 2 * time.Minute
+
+// createNetwork creates the stack's network under SubnetLockPath. The plan's subnet was read
+// without the lock: it is checked again against what the host and Incus hold now, and a
+// subnet someone took in between is re-picked (or, when pinned, refused). After the create no
+// other Incus network may hold the same subnet (a process that created its network without the
+// lock: an older claudebox, or a hand-made network); on such a clash ours goes and the pick is
+// made again, so the other keeps what it had first.
+func (h *Host) createNetwork(ctx context.Context, p *InitPlan) error {
+	s := h.Stack
+	unlock, err := lockFile(ctx, SubnetLockPath, subnetLockWait)
+	if err != nil {
+		return fmt.Errorf("subnet lock: %w", err)
+	}
+	defer unlock()
+	for attempt := 1; ; attempt++ {
+		claims, err := h.subnetClaims(ctx)
+		if err != nil {
+			return err
+		}
+		if c := FindClaimant(subnetOf(p.Gateway), claims, s.Network); c != nil {
+			if p.pinned {
+				return &SubnetTakenError{Subnet: subnetOf(p.Gateway).String(), By: c.By}
+			}
+			sub, err := PickSubnet(claims, s.Network)
+			if err != nil {
+				return err
+			}
+			p.setGateway(Gateway(sub), s)
+		}
+		cfg := maps.Clone(p.networkConfig)
+		maps.Copy(cfg, s.Marks)
+		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
+			return err
+		}
+		clash, err := h.subnetClash(ctx, p.Gateway)
+		if err != nil || clash == "" {
+			return err
+		}
+		if err := h.Client.DeleteNetwork(ctx, s.Network); err != nil && !errors.Is(err, incus.ErrNotFound) {
+			return fmt.Errorf("subnet %s is also Incus network %s's, and removing ours again failed: %w", subnetOf(p.Gateway), clash, err)
+		}
+		if p.pinned || attempt == 3 {
+			return &SubnetTakenError{Subnet: subnetOf(p.Gateway).String(), By: "Incus network " + clash}
+		}
+	}
+}
+
+// subnetClaims is what the kernel routes or addresses and what the other Incus networks hold,
+// read for the pick under the subnet lock (errors count: a pick on half a view is no pick).
+func (h *Host) subnetClaims(ctx context.Context) ([]Claim, error) {
+	claims, err := HostClaims()
+	if err != nil {
+		return nil, err
+	}
+	nets, err := h.Client.Networks(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing Incus networks: %w", err)
+	}
+	for _, n := range nets {
+		if !n.Managed || n.Name == h.Stack.Network {
+			continue
+		}
+		if _, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil {
+			claims = append(claims, Claim{Net: sub, By: "Incus network " + n.Name})
+		}
+	}
+	return claims, nil
+}
+
+// subnetClash names another managed Incus network whose IPv4 subnet overlaps gw's, or "".
+func (h *Host) subnetClash(ctx context.Context, gw *net.IPNet) (string, error) {
+	nets, err := h.Client.Networks(ctx)
+	if err != nil {
+		return "", fmt.Errorf("listing Incus networks after creating %s: %w", h.Stack.Network, err)
+	}
+	for _, n := range nets {
+		if !n.Managed || n.Name == h.Stack.Network {
+			continue
+		}
+		if _, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil && overlaps(sub, subnetOf(gw)) {
+			return n.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// setGateway moves a plan that creates the network to another subnet.
+func (p *InitPlan) setGateway(gw *net.IPNet, s Stack) {
+	p.Gateway = gw
+	p.networkConfig = maps.Clone(p.networkConfig)
+	p.networkConfig["ipv4.address"] = gw.String()
+	for i, c := range p.Changes {
+		if c.Object == "network "+s.Network && strings.HasPrefix(c.What, "create NAT bridge ") {
+			p.Changes[i].What = "create NAT bridge " + gw.String()
+		}
+	}
+}
+
+func subnetOf(gw *net.IPNet) *net.IPNet {
+	return &net.IPNet{IP: gw.IP.Mask(gw.Mask), Mask: gw.Mask}
 }
 
 // Init plans and applies in one go.

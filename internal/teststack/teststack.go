@@ -35,7 +35,17 @@ func Name(component string) string {
 
 // Stack returns the named test stack, marked with this run.
 func Stack(component string) boxcore.Stack {
-	s := boxcore.NamedStack(Name(component))
+	return marked(Name(component))
+}
+
+// Numbered returns the i-th of several test stacks of one component (Name plus i, 0 <= i < 10000),
+// marked with this run, for tests that need stacks side by side.
+func Numbered(component string, i int) boxcore.Stack {
+	return marked(Name(component) + strconv.Itoa(i))
+}
+
+func marked(name string) boxcore.Stack {
+	s := boxcore.NamedStack(name)
 	s.Marks = map[string]string{testenv.TagKey: testenv.RunID(), atKey: strconv.FormatInt(time.Now().Unix(), 10)}
 	return s
 }
@@ -57,7 +67,9 @@ func New(t testing.TB, c *incus.Client, component string) boxcore.Stack {
 // Tag is the config a test box carries so that a sweep can find it.
 func Tag() map[string]string { return testenv.Tag() }
 
-// Remove deletes the boxes of this run on the stack, then tears the stack down.
+// Remove deletes the boxes of this run on the stack, then tears the stack down. A teardown that
+// fails fails the test: what it leaves behind would sit on the host until a sweep 15 minutes on.
+// (Incus 6.0.4's bridge-children race on the network delete is retried by the client.)
 func Remove(t testing.TB, c *incus.Client, s boxcore.Stack) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -70,11 +82,11 @@ func Remove(t testing.TB, c *incus.Client, s boxcore.Stack) {
 	h := boxcore.NewHost(c, s)
 	p, err := h.PlanTeardown(ctx, true)
 	if err != nil {
-		t.Logf("teardown of test stack %s: %v", s.Network, err)
+		t.Errorf("teardown of test stack %s: %v", s.Network, err)
 		return
 	}
 	if _, err := h.ApplyTeardown(ctx, p); err != nil {
-		t.Logf("teardown of test stack %s: %v", s.Network, err)
+		t.Errorf("teardown of test stack %s: %v", s.Network, err)
 	}
 }
 
