@@ -130,11 +130,17 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 			return nil, fmt.Errorf("seeded hole %q would give IPv6 to boxes that are not the drill's (%s): stop them or skip the hole", h.Name, strings.Join(others, ", "))
 		}
 	}
-	restoreLayers, applyErr := e.host.SwitchOff(ctx, h.Off, e.boxNames())
+	// A network change makes Incus re-apply (and restart dnsmasq) after the write returns:
+	// boxes restarted or probed before that settles would see the old stack.
+	var restoreLayers func(context.Context) error
+	applyErr := e.settleAround(ctx, func() (err error) {
+		restoreLayers, err = e.host.SwitchOff(ctx, h.Off, e.boxNames())
+		return err
+	})
 	restore := func() error {
 		var errs []error
 		if restoreLayers != nil {
-			errs = append(errs, restoreLayers(ctx))
+			errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) }))
 		}
 		if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
 			errs = append(errs, err)

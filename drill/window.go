@@ -145,7 +145,38 @@ const (
 // Incus's table for settleQuiet, and the bridge's dnsmasq answers the run's public name
 // (it restarts with the new lines). It returns when that was first true (zero: never).
 func (e *engine) settle(ctx context.Context, w *firewall.Watcher) time.Time {
-	deadline := time.Now().Add(settleMax)
+	return e.settleWithin(ctx, w, settleMax)
+}
+
+// settleAround runs f (a change that may make Incus re-apply the network: a seeded hole
+// or its restore) and waits until that re-apply has settled; with no re-apply at all
+// within a second, it returns at once.
+func (e *engine) settleAround(ctx context.Context, f func() error) error {
+	w, err := firewall.Watch()
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	if err := f(); err != nil {
+		return err
+	}
+	if _, ok := firewall.ReapplyOf(w.Generations(), e.o.Stack.Network); !ok {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		if _, ok := firewall.ReapplyOf(w.Generations(), e.o.Stack.Network); !ok {
+			return nil
+		}
+	}
+	if e.settleWithin(ctx, w, settleMax).IsZero() {
+		return fmt.Errorf("the re-apply of %s did not settle within %s", e.o.Stack.Network, settleMax)
+	}
+	return nil
+}
+
+func (e *engine) settleWithin(ctx context.Context, w *firewall.Watcher, max time.Duration) time.Time {
+	deadline := time.Now().Add(max)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		last := time.Time{}
 		if ra, ok := firewall.ReapplyOf(w.Generations(), e.o.Stack.Network); ok {
