@@ -302,7 +302,11 @@ func (e *engine) restartBoxes(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// A restart gives every box a new port: bind them, as the box verbs do.
+	return e.host.BindPorts(ctx)
 }
 
 // remint replaces the boxes with fresh ones under new names. Deleting a box makes Incus
