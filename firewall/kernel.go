@@ -478,12 +478,41 @@ func Apply(s Spec) (changed bool, err error) {
 	return changed, nil
 }
 
+// batchBuffer is the send and receive buffer of the socket a batch is applied through. The
+// batch goes out as one datagram, which must fit the send buffer (else EMSGSIZE), and the
+// kernel handles all of it inside that send, queueing its replies before Flush reads one: an
+// echo of every rule (the library asks for NLM_F_ECHO, for the handle), each an skb of a few
+// KiB, then the acks. The defaults (net.core.[rw]mem_default, 208 KiB) overflow at 8 bound
+// ports (158 rules: ENOBUFS) and 64 (the send); a /24 full of boxes (253 ports) is 3,833 rules.
+// The buffers are limits, not allocations.
+const batchBuffer = 64 << 20
+
+// bigBuffers raises the socket's buffers to batchBuffer, past net.core.[rw]mem_max
+// (SO_SNDBUFFORCE, SO_RCVBUFFORCE: we hold CAP_NET_ADMIN, as writing nftables needs).
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, batchBuffer),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, batchBuffer))
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("firewall: netlink socket buffers: %w", serr)
+	}
+	return nil
+}
+
 // applyRules writes rules into our tables in one batch: missing tables and
 // chains are created, every chain of ours is flushed and refilled, and a
 // table of foreign structure is rebuilt. Tests pass a subset of Desired to
 // take single rules out.
 func applyRules(s Spec, obs Observed, rules []Rule) error {
-	cc, err := nftables.New()
+	cc, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		return err
 	}
