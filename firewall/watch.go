@@ -3,6 +3,7 @@ package firewall
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,11 +16,14 @@ import (
 // during a probe batch (the batch is re-run, not judged) and to see Incus re-applying its
 // firewall (the re-apply window rows need to know it happened while they flooded).
 type Generation struct {
-	At      time.Time `json:"at"`
-	ID      uint32    `json:"id"`
-	PID     uint32    `json:"pid"`
-	Comm    string    `json:"comm"`
-	Changes []string  `json:"changes"` // "delchain inet incus fwd.claudenet", "newrule inet incus acl.claudenet"
+	At  time.Time `json:"at"`
+	ID  uint32    `json:"id"`
+	PID uint32    `json:"pid"` // the committing process (thread group)
+	// TID is the committing thread, which is what the kernel reports (task_pid_nr): in a
+	// multi-threaded committer such as a Go program it differs from PID on all but the main thread.
+	TID     uint32   `json:"tid"`
+	Comm    string   `json:"comm"`
+	Changes []string `json:"changes"` // "delchain inet incus fwd.claudenet", "newrule inet incus acl.claudenet"
 }
 
 // Watcher records generations until Stop.
@@ -48,7 +52,8 @@ func Watch() (*Watcher, error) {
 			g := Generation{At: time.Now()}
 			if evs.GeneratedBy != nil {
 				if gm, ok := evs.GeneratedBy.Data.(*nftables.GenMsg); ok {
-					g.ID, g.PID, g.Comm = gm.ID, gm.ProcPID, gm.ProcComm
+					g.ID, g.TID, g.Comm = gm.ID, gm.ProcPID, gm.ProcComm
+					g.PID = processOf(gm.ProcPID)
 				}
 			}
 			for _, ev := range evs.Changes {
@@ -79,7 +84,28 @@ func (w *Watcher) Stop() []Generation {
 	return w.Generations()
 }
 
-// ByOthers keeps the generations not committed by this process.
+// processOf maps the thread id the kernel names a generation's committer by to its process
+// (Tgid in /proc/<tid>/status, readable for any thread id), read as the generation arrives,
+// while the committing thread most likely still runs. A thread already gone is left as it is.
+func processOf(tid uint32) uint32 {
+	if tid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return tid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil {
+				return uint32(n)
+			}
+		}
+	}
+	return tid
+}
+
+// ByOthers keeps the generations not committed by this process (any of its threads).
 func ByOthers(gens []Generation) []Generation {
 	me := uint32(os.Getpid())
 	var out []Generation

@@ -3,11 +3,13 @@ package firewall
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 )
 
 // The watcher sees a generation this process commits (an empty table added and removed)
@@ -21,16 +23,22 @@ func TestWatchSeesGenerations(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("cbwatch_%d", os.Getpid())
-	c, err := nftables.New()
+	// The kernel names the committing thread, not the process: commit from a thread other
+	// than the main one (as a Go program's goroutines mostly do), which ByOthers must still
+	// count as ours.
+	tid, err := onOtherThread(func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		tb := c.AddTable(&nftables.Table{Name: name, Family: nftables.TableFamilyINet})
+		if err := c.Flush(); err != nil {
+			return err
+		}
+		c.DelTable(tb)
+		return c.Flush()
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	tb := c.AddTable(&nftables.Table{Name: name, Family: nftables.TableFamilyINet})
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c.DelTable(tb)
-	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	var gens []Generation
@@ -44,6 +52,9 @@ func TestWatchSeesGenerations(t *testing.T) {
 	for _, g := range gens {
 		if g.PID == uint32(os.Getpid()) {
 			mine = append(mine, g.Changes...)
+			if g.TID != uint32(tid) {
+				t.Errorf("generation %+v: thread %d, want %d", g, g.TID, tid)
+			}
 		}
 	}
 	for _, want := range []string{"newtable inet " + name, "deltable inet " + name} {
@@ -66,4 +77,29 @@ func TestWatchSeesGenerations(t *testing.T) {
 	if !ok || !r.Start.Equal(t0.Add(time.Millisecond)) || !r.End.Equal(t0.Add(time.Second)) {
 		t.Errorf("ReapplyOf = %+v %v, want the span from the first delete to the last re-add", r, ok)
 	}
+}
+
+// onOtherThread runs f on an OS thread of this process that is not its main thread and
+// returns that thread's id.
+func onOtherThread(f func() error) (int, error) {
+	for range 100 {
+		type result struct {
+			tid int
+			err error
+		}
+		ch := make(chan result)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread goes with the goroutine
+			tid := unix.Gettid()
+			if tid == os.Getpid() {
+				ch <- result{tid: tid}
+				return
+			}
+			ch <- result{tid, f()}
+		}()
+		if r := <-ch; r.tid != os.Getpid() {
+			return r.tid, r.err
+		}
+	}
+	return 0, fmt.Errorf("no thread but the main one")
 }
