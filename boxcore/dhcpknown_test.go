@@ -116,8 +116,9 @@ func incusDir() string {
 
 // TestDHCPKnownOnly measures the DHCP abuse NIC filtering lets through (a box asking leases
 // for made-up chaddrs from its own MAC; releasing a sibling's lease; asking for a sibling's
-// address) with dhcp-ignore=tag:!known switched off, then with it on; and that real boxes
-// still get their leases with it on, after a restart too.
+// address) with dhcp-ignore=tag:!known switched off, then with it on (port binding, which
+// holds the same rows in the bridge, off for both); and that real boxes still get their leases
+// with it on and every layer back, after a restart too.
 func TestDHCPKnownOnly(t *testing.T) {
 	c := testenv.RequireIncus(t)
 	ctx := context.Background()
@@ -206,6 +207,14 @@ func TestDHCPKnownOnly(t *testing.T) {
 		return "none"
 	}
 
+	// Port binding drops a DHCP request whose chaddr is not the port's MAC before dnsmasq sees
+	// it: it is off for both measurements, so they measure dhcp-known-only alone.
+	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, nil)
+	if err != nil {
+		t.Fatalf("switch port binding off: %v", err)
+	}
+	requireLayer(t, h, boxcore.LayerPortBinding, false)
+
 	// Without the option: today's behaviour.
 	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerDHCPKnown}, nil)
 	if err != nil {
@@ -283,13 +292,31 @@ func TestDHCPKnownOnly(t *testing.T) {
 		t.Errorf("option on: a's request for its own address got no ACK: %v", own)
 	}
 
-	// Real boxes still lease after a restart.
-	if err := c.SetState(ctx, a.name, "stop", true, 0); err != nil {
-		t.Fatal(err)
+	if err := unbind(ctx); err != nil {
+		t.Fatalf("restore port binding: %v", err)
 	}
-	if err := c.SetState(ctx, a.name, "start", false, 0); err != nil {
-		t.Fatal(err)
+	requireLayer(t, h, boxcore.LayerPortBinding, true)
+
+	// Real boxes still lease after a restart, through the box verbs: start binds the new veth
+	// Incus gives the box (a bare Incus start would leave the port binding stale, which check
+	// rightly reports).
+	restart := func(name string) {
+		for _, op := range []string{"stop", "start"} {
+			box, err := boxcore.Resolve(ctx, c, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if op == "stop" {
+				err = bs.Stop(ctx, box, true)
+			} else {
+				err = bs.Start(ctx, box)
+			}
+			if err != nil {
+				t.Fatalf("%s %s: %v", op, name, err)
+			}
+		}
 	}
+	restart(a.name)
 	start := time.Now()
 	again := nicOf(t, c, a.name)
 	t.Logf("option on: a restarted, lease %s after %s", again.ip, time.Since(start).Round(time.Millisecond))
