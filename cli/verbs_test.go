@@ -387,10 +387,12 @@ func TestConcurrentNew(t *testing.T) {
 	}
 	wg.Wait()
 	for i, r := range results {
-		h.tagForSweep(h.name(fmt.Sprintf("p%d", i)))
 		if r.code != 0 {
+			// A failed new leaves nothing to tag: tagging first would hide why it failed.
 			t.Errorf("parallel new %d: exit %d: %s", i, r.code, r.stderr)
+			continue
 		}
+		h.tagForSweep(h.name(fmt.Sprintf("p%d", i)))
 	}
 
 	// Two racing for one name: one wins, the other says so, no orphan, the winner intact.
