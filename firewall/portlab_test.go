@@ -31,6 +31,8 @@ type portLab struct {
 	sibIf            int
 	boxMAC, sibMAC   net.HardwareAddr
 	boxPort, sibPort string
+	llRec            *recorder      // the host's echo service of the link-local tests
+	extraBlocked     []netip.Prefix // blocked besides the wall lab's ranges
 }
 
 const plSib = "10.77.12.12"
@@ -53,6 +55,7 @@ func newPortLab(t *testing.T) *portLab {
 
 func (l *portLab) spec() Spec {
 	s := l.wallLab.spec()
+	s.Blocked = append(s.Blocked, l.extraBlocked...)
 	s.Ports = []PortBinding{
 		{Port: l.boxPort, MAC: l.boxMAC, IPv4: netip.MustParseAddr(wlBox)},
 		{Port: l.sibPort, MAC: l.sibMAC, IPv4: netip.MustParseAddr(plSib)},

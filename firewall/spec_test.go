@@ -214,6 +214,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 	w := "inet claudebox_claudenet_wall "
 	pre := w + `prerouting: iifname "claudenet" `
 	lines := []string{
+		w + `prerouting: iifname != "claudenet" iifname != "lo" meta nfproto ipv4 ip saddr 10.77.12.0/24 drop`,
 		pre + `meta nfproto ipv6 drop`,
 		pre + `meta nfproto ipv4 ip saddr != 10.77.12.0/24 ip saddr != 0.0.0.0 drop`,
 		pre + `meta nfproto ipv4 ip saddr 0.0.0.0 meta l4proto != udp drop`,
@@ -283,6 +284,14 @@ func TestWallGolden(t *testing.T) {
 			wallGolden(wantBlocked, []string{"eth0", "wg0"})},
 		{"no uplink resolvable", Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, Uplinks: []string{"eth0"}},
 			wallGolden(nil, []string{"eth0"})},
+		{"two bound ports: nothing delivered on either port itself", Spec{Bridge: "claudenet", Gateway: gw, L2: L2Subnet, Uplinks: []string{"eth0"},
+			Ports: []PortBinding{
+				{Port: "veth1", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, IPv4: netip.MustParseAddr("10.77.12.11")},
+				{Port: "veth2", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, IPv4: netip.MustParseAddr("10.77.12.12")},
+			}},
+			`inet claudebox_claudenet_wall prerouting: iifname "veth1" drop` + "\n" +
+				`inet claudebox_claudenet_wall prerouting: iifname "veth2" drop` + "\n" +
+				wallGolden(nil, []string{"eth0"})},
 	} {
 		if got := wallOf(c.spec); got != c.want {
 			t.Errorf("%s:\n got:\n%s\nwant:\n%s", c.name, got, c.want)

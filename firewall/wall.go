@@ -19,6 +19,19 @@ package firewall
 // `ct state established` exception for a blocked destination: applying the
 // wall cuts a flow opened while it was absent.
 //
+// The prerouting chain begins with two rules that need no `iifname B`: a
+// frame a box sends to an IEEE 802.1 link-local group MAC (01:80:c2:00:00:0X
+// the bridge does not forward: 03, 0e, 0f, ...) is handed to the IP stack on
+// the box's own port, not on the bridge, so it passes every rule that names B
+// (this table's, the guard's, Incus's and its ACL's); for 0e (LLDP) even the
+// bridge's input hook is skipped. So: `iifname "<port>" drop` for every bound
+// port (IP never legitimately arrives on a port itself), and `iifname != B
+// iifname != "lo" ip saddr <subnet> drop` (a box-subnet source arrives by the
+// bridge or, for the host talking to its own gateway address, by loopback;
+// the gateway's own packets are output, never prerouting). A second,
+// independent layer outside nftables is rp_filter=1 on every bound port (see
+// rpfilter.go).
+//
 // Blocked ranges and uplinks are per-prefix and per-name rules, not sets, so
 // the one renderer covers them and Check stays string equality.
 
@@ -257,6 +270,8 @@ func wallChains(s Spec) []Chain {
 // Keys of wall rules, so tests can take out exactly the rules that hold a
 // probe and watch it open.
 const (
+	wPrePort       = "pre-port"
+	wPreSubnetElse = "pre-subnet-elsewhere"
 	wPreIPv6       = "pre-ipv6"
 	wPreSpoof      = "pre-spoof"
 	wPreZeroProto  = "pre-zero-proto"
@@ -306,7 +321,21 @@ func wallRules(s Spec) []Rule {
 	pre := func(key, why string, ex ...[]expr.Any) Rule {
 		return mk(PreroutingChain, key, why, append([][]expr.Any{inB}, ex...)...)
 	}
-	rules := []Rule{
+	// Link-local group MACs (01:80:c2:00:00:0X, X not forwarded by the bridge) are handed to
+	// the IP stack on the box's own port, not on the bridge: every `iifname B` rule misses
+	// them, and for 0e (LLDP) even the bridge's input hook is skipped. IP never legitimately
+	// arrives on a port itself, and a box-subnet source arrives only by the bridge (the
+	// gateway's own packets are output, or loopback when the host talks to itself).
+	var rules []Rule
+	for _, p := range s.Ports {
+		rules = append(rules, mk(PreroutingChain, wPrePort,
+			"nothing is delivered on box port "+p.Port+" itself (a frame to a link-local group MAC is passed up on the port, past every bridge rule)",
+			ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpEq, p.Port), drop))
+	}
+	rules = append(rules, mk(PreroutingChain, wPreSubnetElse,
+		"a box-subnet source arrives only by the bridge (not on a box's port by a link-local group MAC, not on any other interface)",
+		ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, b), ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, "lo"), ipv4, ip4Op(12, expr.CmpOpEq, n), drop))
+	rules = append(rules, []Rule{
 		pre(wPreIPv6, "no IPv6 from a box, to anywhere", ipv6, drop),
 		pre(wPreSpoof, "a box sends only from its subnet (0.0.0.0 only for DHCP, below)",
 			ipv4, ip4Op(12, expr.CmpOpNeq, n), ip4Op(12, expr.CmpOpNeq, host32(zero)), drop),
@@ -324,7 +353,7 @@ func wallRules(s Spec) []Rule {
 		mk(ForwardChain, wFwdIPv6In, "no IPv6 from a box", inB, ipv6, drop),
 		mk(ForwardChain, wFwdIPv6Out, "no IPv6 to a box", outB, ipv6, drop),
 		mk(ForwardChain, wFwdSpoof, "a box is routed only from its subnet", inB, ipv4, ip4Op(12, expr.CmpOpNeq, n), drop),
-	}
+	}...)
 	for _, p := range s.blocked() {
 		rules = append(rules, mk(ForwardChain, wFwdBlockedDst, "a box never reaches "+p.String()+" (no ct exception)", inB, ipv4, ip4Op(16, expr.CmpOpEq, p), drop))
 	}
