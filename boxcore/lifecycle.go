@@ -34,6 +34,9 @@ type Boxes struct {
 	Client  *incus.Client
 	Stack   Stack
 	Version string // recorded on every new box
+	// HostLocked: the caller holds the host lock (the drill, around its whole run), so
+	// binding a started box's port must not take it again.
+	HostLocked bool
 }
 
 // NewOptions are the choices of `new`.
@@ -549,6 +552,15 @@ func randomToken() string {
 func (bs *Boxes) bindPorts(ctx context.Context) error {
 	if bs.Client.Remote() != "local" {
 		return nil
+	}
+	if !bs.HostLocked {
+		// A drill (or host init) holds the host lock while it has layers switched off: a
+		// re-apply now would undo its seeded hole. Wait for it.
+		unlock, err := LockHost(ctx)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 	}
 	return NewHost(bs.Client, bs.Stack).BindPorts(ctx)
 }

@@ -170,6 +170,13 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	e.lock = lock
 	defer lock.Close()
+	// The host lock too: `host init`, teardown and the box verbs' port binding wait while a
+	// run holds it, so nothing re-converges the stack in the middle of a seeded hole.
+	unlockHost, lerr := boxcore.LockHost(ctx)
+	if lerr != nil {
+		return nil, lerr
+	}
+	defer unlockHost()
 
 	// Teardown runs detached from ctx (a Ctrl-C still cleans up), and deferred: a panic in
 	// a phase must not leave boxes, decoys or the uplink admission behind.

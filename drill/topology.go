@@ -54,7 +54,7 @@ func BoxName(run string, gen, i int) string {
 // mintBoxes creates the boxes in parallel through boxcore (profile exactly [stack profile],
 // user.claudebox=1, and the drill tag), then waits for each to be ready.
 func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
-	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack, Version: e.o.Version}
+	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack, Version: e.o.Version, HostLocked: true}
 	boxes := make([]*Box, e.o.Boxes)
 	errs := make([]error, e.o.Boxes)
 	var wg sync.WaitGroup
