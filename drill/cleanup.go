@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,6 +49,14 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 				_ = os.Remove(filepath.Join("/run/netns", e.Name()))
 			}
 		}
+	}
+	if b, err := os.ReadFile(HoleMarker); err == nil {
+		// A run died inside a seeded hole: its layers are still off. Converge the stack.
+		if _, err := boxcore.NewHost(c, boxcore.DefaultStack()).Init(ctx, boxcore.InitOptions{}); err != nil {
+			return done, fmt.Errorf("a dead run left a seeded hole open (%s); restoring the stack: %w", strings.TrimSpace(string(b)), err)
+		}
+		_ = os.Remove(HoleMarker)
+		done = append(done, "the host stack, converged again (a run died inside a seeded hole: "+strings.TrimSpace(string(b))+")")
 	}
 	nets, err := c.Networks(ctx)
 	if err != nil {
@@ -118,6 +127,9 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 		if n.Config[boxcore.UplinksKey] != "" {
 			out = append(out, "admitted uplinks on "+n.Name)
 		}
+	}
+	if _, err := os.Stat(HoleMarker); err == nil {
+		out = append(out, "a seeded hole left open ("+HoleMarker+")")
 	}
 	return out, nil
 }

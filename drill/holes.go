@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -118,6 +119,9 @@ func (e *engine) selfTest(ctx context.Context, rep *Report) error {
 	return nil
 }
 
+// HoleMarker exists while a seeded hole has layers switched off.
+const HoleMarker = "/run/claudebox-drill.hole"
+
 // seed runs one seeded hole: boxcore switches the hole's layers off (for this run's boxes
 // where a layer is per box), the matrix runs, boxcore restores them, conntrack forgets the
 // boxes' flows (none opened in the hole may outlive it), and host check must be green again.
@@ -133,6 +137,11 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	// A network change makes Incus re-apply (and restart dnsmasq) after the write returns:
 	// boxes restarted or probed before that settles would see the old stack.
 	var restoreLayers func(context.Context) error
+	// While layers are off, a marker says so: a run killed here leaves it, and the next
+	// run's sweep (or --cleanup) converges the stack again.
+	if err := os.WriteFile(HoleMarker, []byte(e.run+" "+h.Name+"\n"), 0o600); err != nil {
+		return nil, err
+	}
 	applyErr := e.settleAround(ctx, func() (err error) {
 		restoreLayers, err = e.host.SwitchOff(ctx, h.Off, e.boxNames())
 		return err
@@ -153,6 +162,9 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		}
 		if err := boxcore.LocalKernel().ForgetLearnt(e.o.Stack.Network, macs, e.boxAddrs()); err != nil {
 			errs = append(errs, err)
+		}
+		if err := errors.Join(errs...); err == nil {
+			_ = os.Remove(HoleMarker)
 		}
 		if h.Remint {
 			errs = append(errs, e.remint(ctx))
