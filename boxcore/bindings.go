@@ -28,6 +28,9 @@ type NICBinding struct {
 	Binding     firewall.PortBinding // Port, MAC and IPv4; IPv4 invalid when unknown
 	IPFrom      string               // "dnsmasq.hosts", "nic ipv4.address", "instance state"
 	Problem     string               // why the NIC cannot be bound ("" when it can)
+	// RPFilter is the port's effective net.ipv4.conf rp_filter (the larger of the port's own,
+	// RPFilterOwn, and conf.all's), -1 when unreadable: the port-rp-filter layer wants 1.
+	RPFilter, RPFilterOwn int
 }
 
 // readBindings reads the running boxes' NICs on the stack's network: host-side veth
@@ -94,6 +97,12 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 				nb.Problem = "no IPv4 address known (no dnsmasq.hosts entry, no lease)"
 			case st.Gateway != nil && !st.Gateway.Contains(net.IP(b.IPv4.AsSlice())):
 				nb.Problem = "address " + b.IPv4.String() + " is outside " + st.Gateway.String()
+			}
+			nb.RPFilter, nb.RPFilterOwn = -1, -1
+			if b.Port != "" && onBridge[b.Port] {
+				if eff, own, err := firewall.PortRPFilter(b.Port); err == nil {
+					nb.RPFilter, nb.RPFilterOwn = eff, own
+				}
 			}
 			st.NICs = append(st.NICs, nb)
 		}
@@ -187,8 +196,9 @@ func readDNSMasqHosts(network string) map[string]hostsEntry {
 
 func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == b.String() }
 
-// applyL2 converges the firewall to spec and sets the bridge's no_linklocal_learn (part of the
-// port-binding layer: see firewall.SetNoLinkLocalLearn).
+// applyL2 converges the firewall to spec, sets the bridge's no_linklocal_learn (part of the
+// port-binding layer: see firewall.SetNoLinkLocalLearn) and rp_filter=1 on every bound port
+// (the port-rp-filter layer: see firewall.StrictRPFilter).
 func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	changed, err := firewall.Apply(spec)
 	if err != nil {
@@ -202,7 +212,11 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	} else if err != nil {
 		return changed, err
 	}
-	return changed, nil
+	rp, err := firewall.StrictRPFilter(spec)
+	if err != nil {
+		return changed || rp, fmt.Errorf("port rp_filter: %w", err)
+	}
+	return changed || rp, nil
 }
 
 // BindPorts re-applies the firewall with the bindings of every box running now. The box
@@ -304,3 +318,46 @@ func (st *StackState) boxIPv4(box string) netip.Addr {
 }
 
 const bindLockPath = "/run/claudebox-bind.lock"
+
+// Reverse-path filtering on the box ports (the port-rp-filter layer). A frame a box sends to a
+// link-local group MAC (01:80:c2:00:00:0X) reaches the host's IP stack on the box's port itself,
+// past every rule that names the bridge; with rp_filter=1 on the port the kernel drops it unless
+// its source is routed back by that port, which no address is (see firewall/rpfilter.go). The
+// wall's `iifname "<port>" drop` is the other layer; this one stands outside nftables.
+
+// rpFilterActual is a bindable NIC's port's rp_filter as check shows it ("1" when it holds).
+func rpFilterActual(n NICBinding) string {
+	switch {
+	case n.RPFilter < 0:
+		return "unreadable"
+	case n.RPFilter != n.RPFilterOwn:
+		return fmt.Sprintf("%d (net.ipv4.conf.all.rp_filter overrides the port's %d)", n.RPFilter, n.RPFilterOwn)
+	}
+	return fmt.Sprint(n.RPFilter)
+}
+
+// portRPFilterOn: every bindable NIC (of boxes; nil: every box) has strict rp_filter on its
+// port. NICs that cannot be bound are the port-binding layer's drift, not this one's.
+func (st *StackState) portRPFilterOn(boxes []string) (bool, string) {
+	var strict, not []string
+	for _, n := range st.NICs {
+		if n.Problem != "" || boxes != nil && !slices.Contains(boxes, n.Box) {
+			continue
+		}
+		if a := rpFilterActual(n); a == "1" {
+			strict = append(strict, n.Binding.Port)
+		} else {
+			not = append(not, n.Binding.Port+"="+a)
+		}
+	}
+	return len(not) == 0, fmt.Sprintf("rp_filter=1 on [%s]; not on [%s]", strings.Join(strict, " "), strings.Join(not, " "))
+}
+
+// rpFilter: one check row per bindable NIC's port.
+func (c *checker) rpFilter(st *StackState) {
+	for _, n := range st.NICs {
+		if n.Problem == "" {
+			c.add("port rp_filter", n.Box+" "+n.Device+" port "+n.Binding.Port+" rp_filter", "1", rpFilterActual(n))
+		}
+	}
+}

@@ -356,7 +356,9 @@ func (st *StackState) portsOf(boxes []string) []PortState {
 	return out
 }
 
-// BlockedPrefixes is Blocked as prefixes, for the firewall's spec.
+// BlockedPrefixes is what the firewall's spec blocks: Blocked as prefixes, plus the on-link
+// subnets of every uplink (the default routes' interfaces and the admitted ones; see
+// uplinkSubnets), read from the host's routes now. The Incus ACL keeps Blocked only.
 func (st *StackState) BlockedPrefixes() []netip.Prefix {
 	var out []netip.Prefix
 	for _, c := range st.Blocked() {
@@ -364,5 +366,9 @@ func (st *StackState) BlockedPrefixes() []netip.Prefix {
 			out = append(out, p.Masked())
 		}
 	}
-	return out
+	var bridgeNet *net.IPNet
+	if st.Gateway != nil {
+		bridgeNet = &net.IPNet{IP: st.Gateway.IP.Mask(st.Gateway.Mask), Mask: st.Gateway.Mask}
+	}
+	return append(out, uplinkSubnets(st.uplinks(), bridgeNet, out)...)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
@@ -59,6 +60,7 @@ type switcher struct {
 	netChanged, nftChanged bool
 	brnf                   bool
 	unisolated             []string
+	rpFilter               map[string]int            // port → its own rp_filter before the switch
 	nics                   map[string]incus.Instance // box → instance as it was, before the NIC override
 }
 
@@ -82,6 +84,8 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 	case LayerBRNF:
 		sw.brnf = true
 		return errors.Join(sw.h.Kernel.SetBridgeNFCallIPTables(0), sw.h.Kernel.SetBridgeNFCallIP6Tables(0))
+	case LayerPortRPFilter:
+		return sw.rpFilterOff()
 	case LayerPortIso:
 		for _, p := range sw.ports {
 			if err := sw.h.Kernel.SetPortIsolated(p, false); err != nil {
@@ -116,6 +120,37 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 	}
 	sw.netChanged = true
 	return nil
+}
+
+// rpFilterOff sets rp_filter=0 on the boxes' ports. The kernel applies the larger of the
+// port's and conf.all's value: with conf.all above 0 the layer cannot be switched off per port,
+// and that is an error, not a silent no-op.
+func (sw *switcher) rpFilterOff() error {
+	if sw.rpFilter == nil {
+		sw.rpFilter = map[string]int{}
+	}
+	for _, p := range sw.ports {
+		eff, own, err := firewall.PortRPFilter(p)
+		if err != nil {
+			return err
+		}
+		if eff != own {
+			return fmt.Errorf("port %s: net.ipv4.conf.all.rp_filter=%d applies whatever the port's value", p, eff)
+		}
+		if err := firewall.SetPortRPFilter(p, 0); err != nil {
+			return err
+		}
+		if _, ok := sw.rpFilter[p]; !ok {
+			sw.rpFilter[p] = own
+		}
+	}
+	return nil
+}
+
+// portGone: a port whose box stopped meanwhile has no sysctl left to restore.
+func portGone(p string) bool {
+	_, _, err := firewall.PortRPFilter(p)
+	return err != nil && errors.Is(err, os.ErrNotExist)
 }
 
 // nicFilteringOff gives each box a local eth0 that overrides the profile's, with the
@@ -180,6 +215,11 @@ func (sw *switcher) restore(ctx context.Context) error {
 	}
 	for _, p := range sw.unisolated {
 		errs = append(errs, h.Kernel.SetPortIsolated(p, true))
+	}
+	for _, p := range slices.Sorted(maps.Keys(sw.rpFilter)) {
+		if err := firewall.SetPortRPFilter(p, sw.rpFilter[p]); err != nil && !portGone(p) {
+			errs = append(errs, err)
+		}
 	}
 	for _, b := range slices.Sorted(maps.Keys(sw.nics)) {
 		errs = append(errs, sw.restoreNIC(ctx, b))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -106,4 +107,42 @@ func covered(p netip.Prefix, by []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// uplinkSubnets are the IPv4 prefixes on-link on an uplink — its connected subnets and any
+// other scope-link route through it without a gateway (the host's LAN: its router's address,
+// its neighbours) — that blocked does not cover already and that do not overlap the bridge's
+// subnet. Default routes are not on-link prefixes. They join the firewall's blocked set, so the
+// wall and the L2 ranges drop them as destinations; the default route's next hop stays usable
+// (rules match destination addresses, never next hops), and so does a host reached through a
+// next hop on such a subnet (the drill's public decoy behind its admitted uplink's /30).
+func uplinkSubnets(uplinks []string, bridgeNet *net.IPNet, blocked []netip.Prefix) []netip.Prefix {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Dst == nil || r.Scope != netlink.SCOPE_LINK || r.Gw != nil || len(r.MultiPath) > 0 || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		l, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil || !slices.Contains(uplinks, l.Attrs().Name) {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok || ones == 0 {
+			continue
+		}
+		p := netip.PrefixFrom(a, ones).Masked()
+		if bridgeNet != nil && (r.Dst.Contains(bridgeNet.IP) || bridgeNet.Contains(r.Dst.IP)) {
+			continue
+		}
+		if !covered(p, blocked) && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	return out
 }
