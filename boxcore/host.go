@@ -441,11 +441,13 @@ func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 	spec := FirewallSpec(h.Stack.Network, gw)
 	spec.Blocked = st.BlockedPrefixes()
 	spec.Ports = st.bindingsIn(gw)
-	if extra := st.AdmittedUplinks(); len(extra) > 0 {
-		ups, err := firewall.DefaultUplinks()
-		if err == nil {
-			spec.Uplinks = append(ups, extra...)
-		}
+	ups := st.uplinks()
+	// Routes through an interface that is neither an uplink nor the bridge (another bridge, a
+	// VPN, the drill's LAN-side decoy) are other local networks: the wall's uplink rule drops
+	// them, and in the blocked set the L2 ranges do too.
+	spec.Blocked = append(spec.Blocked, otherRoutes(h.Stack.Network, ups, spec.Blocked)...)
+	if len(st.AdmittedUplinks()) > 0 {
+		spec.Uplinks = ups
 	}
 	return spec
 }
