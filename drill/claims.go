@@ -28,6 +28,7 @@ const (
 	LayerPortBinding   = boxcore.LayerPortBinding
 	LayerL2Ranges      = boxcore.LayerL2Ranges
 	LayerDHCPKnownOnly = boxcore.LayerDHCPKnown
+	LayerPortRPFilter  = boxcore.LayerPortRPFilter
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.

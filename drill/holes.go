@@ -36,6 +36,7 @@ var Holes = append(singleHoles(),
 	hole("NIC filtering, port binding and wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
 	hole("NIC filtering, port binding and dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
+	hole("wall and port rp_filter off", LayerWall, LayerPortRPFilter),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
 )
 
@@ -45,6 +46,7 @@ var holeNames = map[Layer]string{
 	LayerNoIdent: "no-ident removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
+	LayerPortRPFilter: "port rp_filter off",
 }
 
 func singleHoles() []Hole {

@@ -286,6 +286,18 @@ var Claims = []ClaimRow{
 		Expect: Dropped, Window: WindowLeases, Controls: []Control{{"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding),
 		Probe: lab(KindLabLeaseIntact)},
 
+	// The link-local group path: a frame to 01:80:c2:00:00:0X is not bridged, the kernel hands
+	// it to the IP stack on the sender's own port, around every rule that names the bridge.
+	// The host must hear nothing, and a sibling's address must not get a host service's reply.
+	linkLocalRow("0e", "01:80:c2:00:00:0e"), linkLocalRow("03", "01:80:c2:00:00:03"),
+	{Key: "spoof/ll-reflect", Claim: ClaimSpoof, Kind: "frame", ID: "spoof/{from}>{to}/ll-reflect", From: FromBoxes, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP},
+		Holds: any1(LayerWall, LayerPortRPFilter),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: probes.FrameLinkLocalUDP,
+				DstMAC: "01:80:c2:00:00:0e", SrcIP: to.Box.IPv4.String(), TargetIP: t.reflector().String(), Port: t.HostUDP}}
+		}},
+
 	// Odd frames to a sibling: priority-tagged (VLAN 0) IPv4, IPv6, DHCP offer and router
 	// advertisement, a raw ethertype, ARP from 0.0.0.0. The sibling's capture is the evidence.
 	frameRow(probes.FrameVLAN0IPv4), frameRow(probes.FrameVLAN0IPv6), frameRow(probes.FrameVLAN0DHCPOffer),
@@ -322,6 +334,27 @@ func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 		r.Probe = toAddrICMP
 	}
 	return r
+}
+
+func linkLocalRow(tag, mac string) ClaimRow {
+	return ClaimRow{Key: "box-host/ll" + tag, Claim: ClaimBoxHost, Kind: "link-local", ID: "box-host/{from}>{to}/ll" + tag, From: FromBoxes, To: ToHostAddrs,
+		Expect: Dropped, Controls: []Control{hostListener("udp"), {"ctl/arp-gateway", EndSource, EndGateway}},
+		Holds: any1(LayerWall, LayerPortRPFilter),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: probes.FrameLinkLocalUDP,
+				DstMAC: mac, TargetIP: to.Addr.String(), Port: t.HostUDP}}
+		}}
+}
+
+// reflector is the host address a reflection aims at: one that is not the gateway when the
+// host has one (the L2 rules drop the gateway's answers anyway), else the gateway.
+func (t *Topology) reflector() netip.Addr {
+	for _, h := range t.HostAddrs {
+		if h != t.Gateway.Addr() {
+			return h
+		}
+	}
+	return t.Gateway.Addr()
 }
 
 func frameRow(variant string) ClaimRow {
