@@ -194,6 +194,7 @@ func PlanDecoy(run string) (*Decoy, error) {
 		return nil, errors.New("decoy: no free /24 in " + publicRange)
 	}
 	d.Targets = append(d.Targets, DecoyTarget{Range: OtherNetRange, Addr: d.Other, Ports: []int{DecoyTCP}},
+		DecoyTarget{Range: UplinkSubnetRange, Addr: d.Uplink.NSAddr, Ports: []int{DecoyTCP}},
 		DecoyTarget{Range: "public", Addr: d.Public, Ports: []int{DecoyTCP}})
 	d.PublicName = "public." + run + "." + TestDomain
 	return d, nil
@@ -249,6 +250,9 @@ func (d *Decoy) Up() (err error) {
 	}
 	lan, _ := nh.LinkByName(d.LAN.NSVeth)
 	for _, t := range d.Targets {
+		if t.Range == UplinkSubnetRange {
+			continue // the uplink side's own transfer address: on-link, no address or route to add
+		}
 		if err := nh.AddrAdd(lan, &netlink.Addr{IPNet: ipnet(t.Addr, 32)}); err != nil {
 			return fmt.Errorf("decoy: address %s: %w", t.Addr, err)
 		}
@@ -367,6 +371,10 @@ func (d *Decoy) VerifyRoutes() error {
 // OtherNetRange labels the decoy outside every blocked range, behind a non-uplink interface.
 const OtherNetRange = "other local network"
 
+// UplinkSubnetRange labels the decoy on the uplink's own subnet (the uplink side's transfer
+// address, on-link on the admitted uplink): a host's LAN neighbours, its router included.
+const UplinkSubnetRange = "the uplink's own subnet"
+
 // DecoyLink is one veth pair between the host and the decoy namespace, with its /30.
 type DecoyLink struct {
 	HostVeth string     `json:"host_veth"`
@@ -376,7 +384,7 @@ type DecoyLink struct {
 }
 
 func (d *Decoy) linkOf(t DecoyTarget) DecoyLink {
-	if t.Range == "public" {
+	if t.Range == "public" || t.Range == UplinkSubnetRange {
 		return d.Uplink
 	}
 	return d.LAN

@@ -30,6 +30,7 @@ func testTopology() *Topology {
 			{Range: "169.254.0.0/16", Addr: netip.MustParseAddr("169.254.169.254"), Ports: []int{DecoyTCP, DecoyHTTP}},
 			{Range: "100.64.0.0/10", Addr: netip.MustParseAddr("100.64.0.1"), Ports: []int{DecoyTCP}},
 			{Range: OtherNetRange, Addr: netip.MustParseAddr("198.18.0.20"), Ports: []int{DecoyTCP}},
+			{Range: UplinkSubnetRange, Addr: netip.MustParseAddr("198.18.0.250"), Ports: []int{DecoyTCP}},
 			{Range: "public", Addr: netip.MustParseAddr("198.18.0.10"), Ports: []int{DecoyTCP}},
 		},
 		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
@@ -58,7 +59,8 @@ func byRow(cases []Case) map[string][]Case {
 func TestEveryRowPlans(t *testing.T) {
 	want := map[string]int{
 		"ctl/self-tcp": 3, "ctl/self-udp": 3, "ctl/self-tcp6ll": 2, "ctl/arp-gateway": 3, "ctl/lease": 3,
-		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 6, "ctl/decoy-udp": 5, "ctl/decoy-icmp": 5,
+		"ctl/host-tcp": 2, "ctl/host-udp": 2, "ctl/decoy-tcp": 7, "ctl/decoy-udp": 6, "ctl/decoy-icmp": 6,
+		"uplink-net/tcp": 3, "uplink-net/udp": 3, "uplink-net/icmp": 3,
 		"other-net/tcp": 3, "other-net/udp": 3, "other-net/icmp": 3,
 		"ctl/reapply": 1, "ctl/window-public": 3, "ctl/window-decoy": 1, "window/decoys": 3, "window/host": 3,
 		"window/box": 6, "window/host-box": 3, "window/decoy-box": 3, "window/conntrack-out": 1, "window/conntrack-in": 1,

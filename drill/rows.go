@@ -55,6 +55,8 @@ var (
 	ToLANDecoys      = Selector{"LAN decoys", decoys(isLAN, false)}
 	ToCGNATDecoysTCP = Selector{"CGNAT and link-local decoys, each TCP port", decoys(isCGNAT, true)}
 	ToCGNATDecoys    = Selector{"CGNAT and link-local decoys", decoys(isCGNAT, false)}
+	ToUplinkNetTCP   = Selector{"the decoy on the uplink's own subnet, each TCP port", decoys(isUplinkSubnet, true)}
+	ToUplinkNet      = Selector{"the decoy on the uplink's own subnet", decoys(isUplinkSubnet, false)}
 	ToOtherNetTCP    = Selector{"the decoy on another local network, each TCP port", decoys(isOtherNet, true)}
 	ToOtherNet       = Selector{"the decoy on another local network", decoys(isOtherNet, false)}
 	FromDecoy        = Selector{"the decoy's LAN side", func(*Topology, Endpoint) []Endpoint { return []Endpoint{decoyEnd} }}
@@ -175,6 +177,10 @@ var Claims = []ClaimRow{
 	otherNetRow("tcp", ToOtherNetTCP),
 	otherNetRow("udp", ToOtherNet),
 	otherNetRow("icmp", ToOtherNet),
+	// The uplink's own subnet: the host's LAN neighbours, reached by the uplink itself.
+	uplinkNetRow("tcp", ToUplinkNetTCP),
+	uplinkNetRow("udp", ToUplinkNet),
+	uplinkNetRow("icmp", ToUplinkNet),
 
 	// IPv6: no global/ULA address, no v6 default route. The host input guard drops the
 	// boxes' router solicitations, which delays SLAAC until dnsmasq's next advertisement,
@@ -199,7 +205,7 @@ var Claims = []ClaimRow{
 		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
 			var u, c []netip.AddrPort
 			for _, d := range t.Decoys {
-				if isBlocked(d) || isOtherNet(d) {
+				if isBlocked(d) || isOtherNet(d) || isUplinkSubnet(d) {
 					u = append(u, udpTo(DecoyUDP, d.Addr)...)
 					for _, p := range d.Ports {
 						c = append(c, tcpTo(p, d.Addr)...)
@@ -396,6 +402,12 @@ func (t *Topology) otherNet() netip.Addr {
 	return netip.Addr{}
 }
 
+func uplinkNetRow(proto string, to Selector) ClaimRow {
+	r := decoyRow(ClaimLAN, "uplink-net", proto, to)
+	r.Holds = any1(LayerWall, LayerL2Ranges)
+	return r
+}
+
 func otherNetRow(proto string, to Selector) ClaimRow {
 	r := decoyRow(ClaimOtherNet, "other-net", proto, to)
 	r.Holds = any1(LayerWall, LayerL2Ranges)
@@ -436,7 +448,10 @@ func isLAN(d DecoyTarget) bool      { return isBlocked(d) && !isCGNAT(d) }
 func isCGNAT(d DecoyTarget) bool {
 	return isBlocked(d) && (strings.HasPrefix(d.Range, "100.64") || strings.HasPrefix(d.Range, "169.254"))
 }
-func isBlocked(d DecoyTarget) bool { return d.Range != "public" && d.Range != OtherNetRange }
+func isBlocked(d DecoyTarget) bool {
+	return d.Range != "public" && d.Range != OtherNetRange && d.Range != UplinkSubnetRange
+}
+func isUplinkSubnet(d DecoyTarget) bool { return d.Range == UplinkSubnetRange }
 
 // decoys selects decoy targets; perPort gives one endpoint per TCP port.
 func decoys(keep func(DecoyTarget) bool, perPort bool) func(*Topology, Endpoint) []Endpoint {
