@@ -171,7 +171,7 @@ func TestCaseIDs(t *testing.T) {
 		t.Errorf("host-addr case: kind %s layers %s", c.Kind, c.Layers)
 	}
 	w := ids["window/a>decoys"]
-	if w.Probe.Flood == nil || len(w.Probe.Flood.UDP) != 4 || len(w.Probe.Flood.TCP) != 5 || !strings.HasPrefix(w.Probe.Payload, probes.MarkerPrefix) {
+	if w.Probe.Flood == nil || len(w.Probe.Flood.UDP) != 5 || len(w.Probe.Flood.TCP) != 6 || !strings.HasPrefix(w.Probe.Payload, probes.MarkerPrefix) {
 		t.Errorf("window flood to the blocked decoys = %+v %+v", w.Probe, w.Probe.Flood)
 	}
 	if w.Window != WindowReapply || !slices.Equal(w.Controls, []string{"ctl/a/window-public", "ctl/reapply"}) {
