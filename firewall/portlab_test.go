@@ -273,26 +273,46 @@ func (l *portLab) fdbPort(t *testing.T, mac net.HardwareAddr) string {
 	return ""
 }
 
+// fdbSettle is how long the FDB is watched for a frame's learning. The bridge
+// learns in the receive softirq, which on a loaded machine (test packages side
+// by side on 2 cores) runs in ksoftirqd, well after the send returned: a fixed
+// 10 ms sleep missed the spoof's move in the control.
+const fdbSettle = 500 * time.Millisecond
+
+// waitFDB polls where the FDB has mac until it is on port or fdbSettle passed,
+// and returns where it is then.
+func (l *portLab) waitFDB(t *testing.T, mac net.HardwareAddr, port string) string {
+	t.Helper()
+	deadline := time.Now().Add(fdbSettle)
+	for {
+		p := l.fdbPort(t, mac)
+		if p == port || time.Now().After(deadline) {
+			return p
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // relearn has the sibling send one frame so the FDB holds its MAC on its port.
 func (l *portLab) relearn(t *testing.T) {
 	t.Helper()
 	f := etherFrame(bcastMAC, l.sibMAC, unix.ETH_P_IP, ipv4Packet(plSib, "255.255.255.255", 9, 9, 0, []byte(marker("sib-learn"))))
 	must(t, sendFrames(l.sib, l.sibIf, f))
-	time.Sleep(20 * time.Millisecond)
-	if p := l.fdbPort(t, l.sibMAC); p != l.sibPort {
+	if p := l.waitFDB(t, l.sibMAC, l.sibPort); p != l.sibPort {
 		t.Fatalf("FDB holds the sibling's MAC on %q, want %s", p, l.sibPort)
 	}
 }
 
 // spoofFDB sends the sibling's MAC from the box's port alone, right after
-// the sibling re-taught the bridge, and returns where the FDB then has it.
+// the sibling re-taught the bridge, and returns where the FDB then has it:
+// the box's port as soon as the spoof moved it, else the sibling's once
+// fdbSettle passed without a move.
 func (l *portLab) spoofFDB(t *testing.T) string {
 	t.Helper()
 	l.relearn(t)
 	f := etherFrame(bcastMAC, l.sibMAC, unix.ETH_P_IP, ipv4Packet(wlBox, "255.255.255.255", 9, 9, 0, []byte(marker("fdb-spoof"))))
 	must(t, sendFrames(l.box, l.boxIf, f, f, f))
-	time.Sleep(10 * time.Millisecond)
-	return l.fdbPort(t, l.sibMAC)
+	return l.waitFDB(t, l.sibMAC, l.boxPort)
 }
 
 func bridgeFDB(ns netns.NsHandle, br string) string {
