@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	gosync "sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -531,5 +532,61 @@ func TestNetworkCreateDeleteRetryBridgeChildrenRace(t *testing.T) {
 	}
 	if err := c.DeleteNetwork(ctx, "missing"); !errors.Is(err, incus.ErrNotFound) {
 		t.Fatalf("delete of a network that never was: %v, want ErrNotFound", err)
+	}
+}
+
+// Incus runs a non-interactive exec's command once stdin, stdout and stderr are connected (the
+// control socket is optional to it) and refuses any websocket once the operation has ended. A
+// quick command (cat /etc/machine-id) on a loaded host ended before a control socket connected
+// last got there: "connecting fd control: websocket: bad handshake". Exec connects control first.
+func TestExecControlBeforeTheCommandStarts(t *testing.T) {
+	up := websocket.Upgrader{}
+	var mu gosync.Mutex
+	conns := map[string]*websocket.Conn{}
+	done := make(chan struct{})
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/1.0/instances/x/exec":
+			writeJSON(w, 202, async("ex", map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+		case "/1.0/operations/ex/websocket":
+			mu.Lock()
+			defer mu.Unlock()
+			select {
+			case <-done:
+				writeJSON(w, 400, apiErr(400, "Only running operations can be connected"))
+				return
+			default:
+			}
+			ws, err := up.Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			conns[r.URL.Query().Get("secret")] = ws
+			if conns["s0"] == nil || conns["s1"] == nil || conns["s2"] == nil {
+				return
+			}
+			// The command runs and ends at once; the operation is over.
+			_ = conns["s1"].WriteMessage(websocket.BinaryMessage, []byte("0123abcd\n"))
+			for _, k := range []string{"s1", "s2", "sc"} {
+				if cn := conns[k]; cn != nil {
+					_ = cn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+					cn.Close()
+				}
+			}
+			conns["s0"].Close()
+			close(done)
+		case "/1.0/operations/ex/wait":
+			<-done
+			writeJSON(w, 200, op("ex", 200, "", map[string]any{"return": 0}))
+		default:
+			writeJSON(w, 404, apiErr(404, "not found"))
+		}
+	})
+	r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"cat", "/etc/machine-id"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Stdout) != "0123abcd\n" || r.ExitCode != 0 {
+		t.Errorf("result: %q exit %d", r.Stdout, r.ExitCode)
 	}
 }

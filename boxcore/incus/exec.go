@@ -3,6 +3,7 @@ package incus
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -190,9 +191,13 @@ func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tt
 			}
 		}
 	}
-	want := []string{"0", "1", "2", "control"}
+	// The control socket first: Incus starts the command as soon as the data sockets are all
+	// connected (control is optional to it), and a quick command can then end, and its
+	// operation with it, before a control socket connected last gets there, which Incus refuses
+	// ("Only running operations can be connected"): the exec failed with a bad handshake.
+	want := []string{"control", "0", "1", "2"}
 	if tty {
-		want = []string{"0", "control"}
+		want = []string{"control", "0"}
 	}
 	conns := wsConns{}
 	for _, fd := range want {
@@ -324,16 +329,36 @@ func (c *Client) websocket(ctx context.Context, opID, secret string) (*websocket
 	}
 	u += "/1.0/operations/" + esc(opID) + "/websocket?secret=" + url.QueryEscape(secret)
 	cn, resp, err := c.ws.DialContext(ctx, u, http.Header{"User-Agent": {"claudebox"}})
+	var refused error
 	if resp != nil && resp.Body != nil {
+		if errors.Is(err, websocket.ErrBadHandshake) {
+			refused = handshakeRefusal(resp, "/1.0/operations/"+opID+"/websocket")
+		}
 		resp.Body.Close()
 	}
 	if err != nil {
 		if isUnreachable(err) {
 			return nil, &DaemonUnreachableError{Socket: c.socket, Remote: c.remoteAddr(), Err: err}
 		}
+		if refused != nil {
+			return nil, refused
+		}
 		return nil, err
 	}
 	return cn, nil
+}
+
+// handshakeRefusal is the daemon's answer to a websocket upgrade it refused, as a StatusError
+// with its own message ("Only running operations can be connected"), not the bare "bad
+// handshake".
+func handshakeRefusal(resp *http.Response, path string) error {
+	var r response
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	msg := http.StatusText(resp.StatusCode)
+	if json.Unmarshal(body, &r) == nil && r.Error != "" {
+		msg = r.Error
+	}
+	return &StatusError{Code: resp.StatusCode, Message: "websocket refused: " + msg, Method: http.MethodGet, Path: path}
 }
 
 type lockedConn struct {
