@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 
@@ -96,4 +97,25 @@ func (k Kernel) ForgetLearnt(bridge string, macs []string, ips []netip.Addr) err
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// LeaseHeld reports whether the bridge's running dnsmasq holds a lease of ip for mac in its
+// lease file. (Incus's lease list also shows static allocations, which outlive a released
+// lease: only the file says whether dnsmasq still holds it.)
+func (k Kernel) LeaseHeld(bridge, mac string, ip netip.Addr) (bool, error) {
+	d, ok := k.FindDNSMasq(bridge)
+	if !ok || d.LeaseFile() == "" {
+		return false, fmt.Errorf("no dnsmasq running for %s", bridge)
+	}
+	b, err := os.ReadFile(d.LeaseFile())
+	if err != nil {
+		return false, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l) // expiry mac ip name client-id
+		if len(f) >= 3 && strings.EqualFold(f[1], mac) && f[2] == ip.String() {
+			return true, nil
+		}
+	}
+	return false, nil
 }

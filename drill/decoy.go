@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/drill/probes"
@@ -50,12 +51,15 @@ type DecoyTarget struct {
 // reach the "internet" through it) and the LAN side (every other target: a non-uplink
 // interface, like a LAN, another bridge or a VPN would be).
 type Decoy struct {
-	Run        string
-	NS         string
-	LAN        DecoyLink // every target but the public one
-	Uplink     DecoyLink // the public decoy only
-	Public     netip.Addr
-	Other      netip.Addr // outside every blocked range, on a non-uplink interface
+	Run    string
+	NS     string
+	LAN    DecoyLink // every target but the public one
+	Uplink DecoyLink // the public decoy only
+	Public netip.Addr
+	Other  netip.Addr // outside every blocked range, on a non-uplink interface
+	// Forged is a source address a spoofing box may claim: nobody owns it, and the decoy
+	// namespace blackholes answers to it, so they never leave it.
+	Forged     netip.Addr
 	Targets    []DecoyTarget
 	PublicName string
 
@@ -184,7 +188,7 @@ func PlanDecoy(run string) (*Decoy, error) {
 	for ip := pub.Addr(); pub.Contains(ip); ip = addrAdd(ip, 256) {
 		p24 := netip.PrefixFrom(ip, 24)
 		if a.free(ip) && a.free(addrAdd(ip, 255)) && overlapsNone(p24, a) {
-			d.Public, d.Other = addrAdd(ip, 10), addrAdd(ip, 20)
+			d.Public, d.Other, d.Forged = addrAdd(ip, 10), addrAdd(ip, 20), addrAdd(ip, 30)
 			d.Uplink.HostAddr, d.Uplink.NSAddr = addrAdd(ip, 249), addrAdd(ip, 250)
 			d.LAN.HostAddr, d.LAN.NSAddr = addrAdd(ip, 253), addrAdd(ip, 254)
 			break
@@ -259,6 +263,9 @@ func (d *Decoy) Up() (err error) {
 		if err := d.linkOf(t).route(t.Addr); err != nil {
 			return err
 		}
+	}
+	if err := nh.RouteAdd(&netlink.Route{Dst: ipnet(d.Forged, 32), Type: unix.RTN_BLACKHOLE}); err != nil {
+		return fmt.Errorf("decoy: blackhole for the forged source %s: %w", d.Forged, err)
 	}
 	// Replies to what entered by either side: the LAN side is the default, the uplink's
 	// transfer net is connected.

@@ -267,7 +267,7 @@ func (e *engine) topology() *Topology {
 		HostTCP: e.hostTCP, HostUDP: e.hostUDP}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
-		t.DecoyHostSide = e.decoy.LAN.HostAddr
+		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
 	}
 	t.Round = e.rounds
 	return t

@@ -32,11 +32,11 @@ type Hole struct {
 var Holes = append(singleHoles(),
 	hole("all box→box layers off", LayerPortIso, LayerNFTBridge, LayerBRNF, LayerNICFiltering, LayerPortBinding),
 	hole("wall, ACL and L2 ranges off", LayerWall, LayerACL, LayerL2Ranges),
-	hole("wall, host input guard and ACL off", LayerWall, LayerHostGuard, LayerACL),
+	hole("wall, host input guard, ACL and L2 ranges off", LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
 	hole("NIC filtering, port binding and wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
 	hole("NIC filtering, port binding and dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
-	hole("wall and port rp_filter off", LayerWall, LayerPortRPFilter),
+	hole("wall, port rp_filter and L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
 )
 
@@ -67,6 +67,13 @@ func singleHoles() []Hole {
 // at once (restarted boxes would wait for its next periodic one: timing, not a layer).
 func hole(name string, off ...Layer) Hole {
 	h := Hole{Name: name, Off: off}
+	for _, r := range Claims {
+		// A frame or spoof that gets through changes the victim box itself (a rogue router
+		// advertisement gives it IPv6 and a route): fresh boxes after such a hole.
+		if (r.Claim == ClaimFrames || r.Claim == ClaimSpoof) && r.Holds.OpenWithout(off) {
+			h.Remint = true
+		}
+	}
 	for _, l := range off {
 		switch l {
 		case LayerDNSModeNone, LayerIgnoreNames:

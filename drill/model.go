@@ -75,6 +75,8 @@ type Topology struct {
 	// DecoyHostSide is the host's address on the decoy's LAN side (where the decoy's own
 	// flood control aims).
 	DecoyHostSide netip.Addr
+	// Forged is a source address nobody owns whose answers die in the decoy namespace.
+	Forged netip.Addr
 	// Round numbers the matrices of a run: markers differ per round, so what a listener
 	// heard in an earlier matrix (a seeded hole) is never taken for this one's.
 	Round int
@@ -209,7 +211,7 @@ func Plan(rows []ClaimRow, t *Topology, timeout time.Duration) ([]Case, error) {
 // activeKind: probes whose frames carry a marker the receivers record.
 func activeKind(k string) bool {
 	switch k {
-	case probes.KindFlood, probes.KindSpoofUDP, probes.KindFrame, probes.KindMACSpoof, probes.KindARPSpoof:
+	case probes.KindUDP, probes.KindFlood, probes.KindSpoofUDP, probes.KindFrame, probes.KindMACSpoof, probes.KindARPSpoof:
 		return true
 	}
 	return false

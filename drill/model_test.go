@@ -67,7 +67,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"spoof/sibling-ip": 6, "spoof/any-ip": 3, "spoof/arp": 6, "spoof/mac": 6,
 		"ctl/dhcp-renew": 3, "dhcp/fake-mac": 3, "dhcp/fake-chaddr": 3, "dhcp/steal": 6, "dhcp/release": 6, "dhcp/release-intact": 6,
 		"frames/vlan0-ipv4": 6, "frames/vlan0-ipv6": 6, "frames/vlan0-dhcp-offer": 6, "frames/vlan0-ra": 6,
-		"frames/ethertype": 6, "frames/arp-zero": 6, "box-host/ll0e": 6, "box-host/ll03": 6, "spoof/ll-reflect": 6, "resolver/servers.bind": 3, "resolver/version.bind": 3,
+		"frames/ethertype": 6, "frames/arp-zero": 6, "box-host/ll0e": 6, "box-host/ll03-gw": 3, "box-host/ll03": 3, "spoof/ll-reflect": 6, "resolver/servers.bind": 3, "resolver/version.bind": 3,
 		"internet/tcp": 3, "internet/dns": 3,
 		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
 		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,
@@ -167,7 +167,7 @@ func TestCaseIDs(t *testing.T) {
 	if c := ids["box-host/a>10.87.0.1/tcp"]; c.Kind != "gateway" || c.Layers != "host-input-guard | acl | wall" {
 		t.Errorf("gateway case: kind %s layers %s", c.Kind, c.Layers)
 	}
-	if c := ids["box-host/a>192.0.2.5/tcp"]; c.Kind != "host-addr" || c.Layers != "host-input-guard | wall" {
+	if c := ids["box-host/a>192.0.2.5/tcp"]; c.Kind != "host-addr" || c.Layers != "host-input-guard | wall | l2-ranges" {
 		t.Errorf("host-addr case: kind %s layers %s", c.Kind, c.Layers)
 	}
 	w := ids["window/a>decoys"]

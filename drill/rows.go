@@ -161,9 +161,9 @@ var Claims = []ClaimRow{
 	{Key: "box-host/gateway-udp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostUDP,
 		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerACL, LayerWall)},
 	{Key: "box-host/addr-tcp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostTCP,
-		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall)},
+		Expect: Dropped, Controls: []Control{hostListener("tcp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall, LayerL2Ranges)},
 	{Key: "box-host/addr-udp", Claim: ClaimBoxHost, Kind: "host-addr", ID: "box-host/{from}>{to}/udp", From: FromBoxes, To: ToOtherHostAddrs, Probe: toHostUDP,
-		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall)},
+		Expect: Dropped, Controls: []Control{hostListener("udp"), inetDNS}, Holds: any1(LayerHostGuard, LayerWall, LayerL2Ranges)},
 
 	// Box→LAN, CGNAT and link-local decoys (169.254.169.254:80 included).
 	decoyRow(ClaimLAN, "lan", "tcp", ToLANDecoysTCP),
@@ -246,9 +246,9 @@ var Claims = []ClaimRow{
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
 	{Key: "spoof/any-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}/any-ip", From: FromBoxes, To: ToPublic,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP}, Holds: any1(LayerNICFiltering, LayerWall, LayerPortBinding),
-		// The forged source is the other-network decoy's address: the public decoy's answer
-		// stays inside the decoy namespace, never on a real network.
-		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(t.otherNet(), to.Addr) }},
+		// The forged source is an address nobody owns: the public decoy's answer to it is
+		// blackholed inside the decoy namespace, never sent to a real network.
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(t.Forged, to.Addr) }},
 	{Key: "spoof/arp", Claim: ClaimSpoof, Kind: "arp-spoof", ID: "spoof/{from}>{to}/arp", From: FromBoxes, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
@@ -295,7 +295,11 @@ var Claims = []ClaimRow{
 	// The link-local group path: a frame to 01:80:c2:00:00:0X is not bridged, the kernel hands
 	// it to the IP stack on the sender's own port, around every rule that names the bridge.
 	// The host must hear nothing, and a sibling's address must not get a host service's reply.
-	linkLocalRow("0e", "01:80:c2:00:00:0e"), linkLocalRow("03", "01:80:c2:00:00:03"),
+	linkLocalRow("0e", "01:80:c2:00:00:0e", ToHostAddrs, any1(LayerWall, LayerPortRPFilter)),
+	linkLocalRow("03-gw", "01:80:c2:00:00:03", ToGatewayAddr, any1(LayerWall, LayerPortRPFilter)),
+	// :03 (unlike :0e) still passes the bridge's input hook, where the L2 ranges drop the
+	// host's addresses outside the gateway.
+	linkLocalRow("03", "01:80:c2:00:00:03", ToOtherHostAddrs, any1(LayerWall, LayerPortRPFilter, LayerL2Ranges)),
 	{Key: "spoof/ll-reflect", Claim: ClaimSpoof, Kind: "frame", ID: "spoof/{from}>{to}/ll-reflect", From: FromBoxes, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP},
 		Holds: any1(LayerWall, LayerPortRPFilter),
@@ -342,10 +346,10 @@ func decoyRow(claim, key, proto string, to Selector) ClaimRow {
 	return r
 }
 
-func linkLocalRow(tag, mac string) ClaimRow {
-	return ClaimRow{Key: "box-host/ll" + tag, Claim: ClaimBoxHost, Kind: "link-local", ID: "box-host/{from}>{to}/ll" + tag, From: FromBoxes, To: ToHostAddrs,
+func linkLocalRow(tag, mac string, to Selector, h Holds) ClaimRow {
+	return ClaimRow{Key: "box-host/ll" + tag, Claim: ClaimBoxHost, Kind: "link-local", ID: "box-host/{from}>{to}/ll" + tag, From: FromBoxes, To: to,
 		Expect: Dropped, Controls: []Control{hostListener("udp"), {"ctl/arp-gateway", EndSource, EndGateway}},
-		Holds: any1(LayerWall, LayerPortRPFilter),
+		Holds: h,
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: probes.FrameLinkLocalUDP,
 				DstMAC: mac, TargetIP: to.Addr.String(), Port: t.HostUDP}}

@@ -315,25 +315,23 @@ func (e *engine) watchVictims(ctx context.Context, f func()) map[string]string {
 // leasesIntact turns a release row whose victim's lease vanished from dnsmasq into "open":
 // the release reached the server as the victim's.
 func (e *engine) leasesIntact(ctx context.Context, rows []*Row) {
-	leases, err := e.c.NetworkLeases(ctx, e.o.Stack.Network)
-	if err != nil {
-		return
-	}
 	byName := map[string]*Box{}
 	for _, b := range e.boxes {
 		byName[b.Name] = b
 	}
+	k := boxcore.LocalKernel()
 	for _, r := range rows {
 		victim := byName[r.To]
 		if r.Probe.Kind != KindLabLeaseIntact || victim == nil {
 			continue
 		}
-		held := false
-		for _, l := range leases {
-			held = held || strings.EqualFold(l.Hwaddr, victim.MAC) && l.Address == victim.IPv4.String()
-		}
-		r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Dropped, Evidence: "the victim's lease is intact"}
-		if !held {
+		held, err := k.LeaseHeld(e.o.Stack.Network, victim.MAC, victim.IPv4)
+		switch {
+		case err != nil:
+			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.CheckFailed, Evidence: err.Error()}
+		case held:
+			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Dropped, Evidence: "dnsmasq still holds the victim's lease"}
+		default:
 			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Open, Evidence: "dnsmasq no longer holds the victim's lease " + victim.IPv4.String()}
 		}
 		r.Observed = Observe(r.Case, r.Result)

@@ -40,8 +40,8 @@ package firewall
 //
 //	input:  IPv4 from the box subnet to a blocked range, except the gateway
 //	output: IPv4 from a blocked range outside the box subnet, to the box subnet
-//	output: from the gateway: TCP SYN without ACK, UDP from a port other than
-//	        53 (DNS) or 67 (DHCP), ICMP echo request
+//	output: to the box subnet: TCP SYN without ACK, ICMP echo request (any source);
+//	        from the gateway: UDP from a port other than 53 (DNS) or 67 (DHCP)
 //
 // These repeat at L2 what the wall and the ACL hold at L3, in a table Incus
 // never touches.
@@ -254,13 +254,16 @@ func l2RangeRules(s Spec) []Rule {
 			ip, ip4Op(12, expr.CmpOpEq, p), ip4Op(12, expr.CmpOpNeq, n), ip4Op(16, expr.CmpOpEq, n)))
 	}
 	rules = append(rules,
-		mk(OutputChain, kL2HostSYN, "host→box: no TCP connection from the gateway (SYN without ACK)",
-			ip, ip4Op(12, expr.CmpOpEq, gw), l4proto(expr.CmpOpEq, ipprotoTCP),
+		// No new TCP connection and no ping into a box from anything the host sends or routes
+		// (whatever the source: while Incus re-applies, the gateway address is briefly gone
+		// and the host picks another); UDP only from the gateway's DNS and DHCP ports.
+		mk(OutputChain, kL2HostSYN, "nothing opens a TCP connection into a box (SYN without ACK)",
+			ip, ip4Op(16, expr.CmpOpEq, n), l4proto(expr.CmpOpEq, ipprotoTCP),
 			masked(expr.PayloadBaseTransportHeader, 13, []byte{0x12}, expr.CmpOpEq, []byte{0x02})),
 		mk(OutputChain, kL2HostUDP, "host→box: UDP from the gateway only from DNS (53) and DHCP (67)",
 			ip, ip4Op(12, expr.CmpOpEq, gw), l4proto(expr.CmpOpEq, ipprotoUDP), thPort(0, expr.CmpOpNeq, 53), thPort(0, expr.CmpOpNeq, 67)),
-		mk(OutputChain, kL2HostEcho, "host→box: no ping from the gateway",
-			ip, ip4Op(12, expr.CmpOpEq, gw), l4proto(expr.CmpOpEq, unix.IPPROTO_ICMP),
+		mk(OutputChain, kL2HostEcho, "nothing pings a box",
+			ip, ip4Op(16, expr.CmpOpEq, n), l4proto(expr.CmpOpEq, unix.IPPROTO_ICMP),
 			rawCmp(expr.PayloadBaseTransportHeader, 0, expr.CmpOpEq, []byte{8})),
 	)
 	return rules

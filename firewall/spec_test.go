@@ -76,9 +76,9 @@ func TestDesiredGolden(t *testing.T) {
 	up := []string{"eth0"}
 	// No ports bound, no blocked ranges: the L2 host→box rules only.
 	l2 := []string{
-		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto tcp @th,104,8 & 0x12 == 0x02 drop`,
+		`bridge claudebox_claudenet output: ether type ip ip daddr 10.77.12.0/24 meta l4proto tcp @th,104,8 & 0x12 == 0x02 drop`,
 		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto udp th sport != 53 th sport != 67 drop`,
-		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto icmp @th,0,8 0x08 drop`,
+		`bridge claudebox_claudenet output: ether type ip ip daddr 10.77.12.0/24 meta l4proto icmp @th,0,8 0x08 drop`,
 	}
 	for _, c := range []struct {
 		spec   Spec
@@ -105,7 +105,8 @@ func TestDesiredGolden(t *testing.T) {
 			plen = 24
 		}
 		wall := strings.Split(strings.ReplaceAll(wallGolden(nil, up), "/24", fmt.Sprintf("/%d", plen)), "\n")
-		want := append(append(append(append([]string{}, c.bridge...), l2...), guard...), wall...)
+		l2p := strings.Split(strings.ReplaceAll(strings.Join(l2, "\n"), "/24", fmt.Sprintf("/%d", plen)), "\n")
+		want := append(append(append(append([]string{}, c.bridge...), l2p...), guard...), wall...)
 		got := Desired(c.spec)
 		var lines []string
 		for _, r := range got {
