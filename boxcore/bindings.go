@@ -204,6 +204,12 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	if err != nil {
 		return changed, err
 	}
+	if sn := spec.Resolved().Subnet(); sn != nil && !flapGuardPresent(sn) {
+		changed = true
+		if err := ensureFlapGuard(sn); err != nil {
+			return changed, err
+		}
+	}
 	if on, err := firewall.NoLinkLocalLearn(h.Stack.Network); err == nil && !on {
 		changed = true
 		if err := firewall.SetNoLinkLocalLearn(h.Stack.Network, true); err != nil {
@@ -305,6 +311,8 @@ func (c *checker) bindings(st *StackState) {
 		c.add("port binding", r[0], r[1], r[2])
 	}
 	c.add("port binding", st.Stack.Network+" no_linklocal_learn", "1", boolDigit(st.NoLLLearn))
+	sn := &net.IPNet{IP: st.Gateway.IP.Mask(st.Gateway.Mask), Mask: st.Gateway.Mask}
+	c.add("routes", "unreachable "+sn.String()+" (behind the bridge's route)", "present", presence(flapGuardPresent(sn)))
 }
 
 // boxIPv4 is the address the stack binds for box's eth0 (invalid when unknown).

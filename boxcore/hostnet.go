@@ -27,8 +27,8 @@ func HostClaims() ([]Claim, error) {
 		return nil, fmt.Errorf("reading the routing table: %w", err)
 	}
 	for _, r := range routes {
-		if r.Dst == nil || isDefault(r.Dst) || r.Dst.IP.IsLoopback() {
-			continue
+		if r.Dst == nil || isDefault(r.Dst) || r.Dst.IP.IsLoopback() || r.Protocol == flapGuardProto {
+			continue // claudebox's own unreachable route stands behind a subnet, claims none
 		}
 		dev := linkName(r.LinkIndex)
 		claims = append(claims, Claim{Net: r.Dst, By: "route on " + dev, Dev: dev})

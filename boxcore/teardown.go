@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 
@@ -137,6 +138,12 @@ func directUsers(usedBy, boxes []string) []string {
 // into each box before the profile is detached, so only the network is lost.
 func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, error) {
 	s := h.Stack
+	var subnet *net.IPNet
+	if n, _, err := h.Client.Network(ctx, s.Network); err == nil {
+		if _, sn, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil {
+			subnet = sn
+		}
+	}
 	done, err := h.detachBoxes(ctx, p.Boxes)
 	if err != nil {
 		return done, err
@@ -159,6 +166,12 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 			return done, fmt.Errorf("%s: %w", step.Change().Object, err)
 		}
 		done = append(done, step.Change())
+	}
+	if subnet != nil && flapGuardPresent(subnet) {
+		if err := removeFlapGuard(subnet); err != nil {
+			return done, err
+		}
+		done = append(done, Change{"route unreachable " + subnet.String(), "remove"})
 	}
 	// Tables of a stack whose network is already gone still go.
 	if removed, err := firewall.Remove(s.Network); err == nil && removed {

@@ -129,6 +129,14 @@ func (s Spec) Resolved() Spec {
 }
 
 // subnet is the bridge's IPv4 network.
+// Subnet is the bridge's IPv4 network (nil without a gateway).
+func (s Spec) Subnet() *net.IPNet {
+	if s.Gateway.To4() == nil {
+		return nil
+	}
+	return s.subnet()
+}
+
 func (s Spec) subnet() *net.IPNet {
 	m := net.CIDRMask(s.PrefixLen, 32)
 	return &net.IPNet{IP: s.Gateway.To4().Mask(m), Mask: m}
