@@ -34,7 +34,7 @@ type Boxes struct {
 	Client  *incus.Client
 	Stack   Stack
 	Version string // recorded on every new box
-	// HostLocked: the caller holds the host lock (the drill, around its whole run), so
+	// HostLocked: the caller holds the network's lock (the drill, around its whole run), so
 	// binding a started box's port must not take it again.
 	HostLocked bool
 }
@@ -554,9 +554,9 @@ func (bs *Boxes) bindPorts(ctx context.Context) error {
 		return nil
 	}
 	if !bs.HostLocked {
-		// A drill (or host init) holds the host lock while it has layers switched off: a
-		// re-apply now would undo its seeded hole. Wait for it.
-		unlock, err := LockHost(ctx)
+		// A drill holds its network's lock while it has layers switched off: a re-apply now
+		// would undo its seeded hole. Wait for it.
+		unlock, err := LockNetwork(ctx, bs.Stack.Network)
 		if err != nil {
 			return err
 		}

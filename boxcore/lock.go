@@ -40,6 +40,14 @@ func LockHost(ctx context.Context) (unlock func(), err error) {
 	return lockFile(ctx, HostLockPath, HostLockWait)
 }
 
+// LockNetwork takes the lock of one stack's network: the box verbs hold it while they bind a
+// started box's port, and a drill holds it for its whole run on that network, so a `new`
+// never re-applies a stack in the middle of a seeded hole — while boxes of other stacks (test
+// stacks) bind theirs undisturbed.
+func LockNetwork(ctx context.Context, network string) (unlock func(), err error) {
+	return lockFile(ctx, "/run/claudebox-net-"+network+".lock", HostLockWait)
+}
+
 func lockFile(ctx context.Context, path string, wait time.Duration) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {

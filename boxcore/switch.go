@@ -30,7 +30,7 @@ func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (r
 	if st.Network == nil || st.Gateway == nil {
 		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
-	sw := &switcher{h: h, st: st, saved: maps.Clone(st.Network.Config), cfg: maps.Clone(st.Network.Config)}
+	sw := &switcher{h: h, st: st, saved: maps.Clone(st.Network.Config), cfg: maps.Clone(st.Network.Config), layers: layers}
 	for _, p := range st.portsOf(boxes) {
 		sw.ports = append(sw.ports, p.Name)
 		if p.Box != "" {
@@ -51,6 +51,7 @@ func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (r
 }
 
 type switcher struct {
+	layers     []Layer // everything this hole switches off
 	h          *Host
 	st         *StackState
 	saved, cfg map[string]string
@@ -172,10 +173,10 @@ func (sw *switcher) nicFilteringOff(ctx context.Context) error {
 		for k := range NICFiltering {
 			eth0[k] = "false"
 		}
-		// Keep the box's DHCP reservation: ipv4_filtering is what makes Incus pin one, and
-		// without it dnsmasq's dhcp-ignore=tag:!known would stop the box renewing its lease —
-		// a hole in DHCP, not in the filtering this switch is about.
-		if ip := sw.st.boxIPv4(b); ip.IsValid() {
+		// Keep the box's DHCP reservation (ipv4_filtering is what makes Incus pin one) unless
+		// dhcp-known-only goes too: without the reservation that option would stop the box
+		// renewing its lease. With both off, the reservation goes with the filtering.
+		if ip := sw.st.boxIPv4(b); ip.IsValid() && !slices.Contains(sw.layers, LayerDHCPKnown) {
 			eth0["ipv4.address"] = ip.String()
 		}
 		put := in.Writable()

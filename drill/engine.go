@@ -177,6 +177,11 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		return nil, lerr
 	}
 	defer unlockHost()
+	unlockNet, lerr := boxcore.LockNetwork(ctx, o.Stack.Network)
+	if lerr != nil {
+		return nil, lerr
+	}
+	defer unlockNet()
 
 	// Teardown runs detached from ctx (a Ctrl-C still cleans up), and deferred: a panic in
 	// a phase must not leave boxes, decoys or the uplink admission behind.

@@ -276,12 +276,12 @@ var Claims = []ClaimRow{
 			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{OwnFrame: true})
 		}},
 	{Key: "dhcp/steal", Claim: ClaimSpoof, Kind: "dhcp-steal", ID: "dhcp/{from}>{to}/steal", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPSteal, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String()})
 		}},
 	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
 		}},

@@ -240,11 +240,17 @@ func probeMACSpoof(ctx context.Context, s Spec, r *Result) {
 	arpProbe := ethFrame(broadcastMAC, vmac, false, etherARP, arpPacket(1, vmac, netip.IPv4Unspecified(), nil, probeTPA))
 	udpB := ethFrame(broadcastMAC, vmac, false, etherIPv4,
 		udpPacket(netip.AddrPortFrom(srcIP, 40001), netip.AddrPortFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 9), []byte(r.Counts.Marker)))
+	// A raw ethertype too: no netfilter hook in front of the bridge sees it (br_netfilter
+	// hands only IP and ARP to inet/arp tables), so it measures whether the bridge learns the
+	// victim's MAC from our port — what the FDB poisoning claim is about.
+	raw := ethFrame(broadcastMAC, vmac, false, EtherExperimental, padTo([]byte(r.Counts.Marker), 46))
 	send := func() error {
-		if err := pc.send(arpProbe); err != nil {
-			return err
+		for _, f := range [][]byte{arpProbe, udpB, raw} {
+			if err := pc.send(f); err != nil {
+				return err
+			}
 		}
-		return pc.send(udpB)
+		return nil
 	}
 	match := func(fi frameInfo, _ []byte, _ uint8) bool {
 		return bytes.Equal(fi.Dst, vmac) || (vip.IsValid() && fi.IPDst == vip)
