@@ -26,17 +26,17 @@ type Hole struct {
 	Remint bool
 }
 
-// Holes are the seeded holes of the self-test: every layer alone (every claim must stay
+// Holes are the seeded holes of the self-test (names without commas: --hole takes a list): every layer alone (every claim must stay
 // green: each is held by another layer too), then the layers of each claim together (its
 // rows must turn red: the drill can fail).
 var Holes = append(singleHoles(),
 	hole("all box→box layers off", LayerPortIso, LayerNFTBridge, LayerBRNF, LayerNICFiltering, LayerPortBinding),
-	hole("wall, ACL and L2 ranges off", LayerWall, LayerACL, LayerL2Ranges),
-	hole("wall, host input guard, ACL and L2 ranges off", LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
-	hole("NIC filtering, port binding and wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
-	hole("NIC filtering, port binding and dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
+	hole("wall + ACL + L2 ranges off", LayerWall, LayerACL, LayerL2Ranges),
+	hole("wall + host input guard + ACL + L2 ranges off", LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
+	hole("NIC filtering + port binding + wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
+	hole("NIC filtering + port binding + dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
-	hole("wall, port rp_filter and L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
+	hole("wall + port rp_filter + L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
 )
 

@@ -257,7 +257,7 @@ var Claims = []ClaimRow{
 	{Key: "spoof/mac", Claim: ClaimSpoof, Kind: "mac-spoof", ID: "spoof/{from}>{to}/mac", From: FromBoxes, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerPortBinding),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
-			return probes.Spec{Kind: probes.KindMACSpoof, Spoof: &probes.SpoofSpec{VictimMAC: to.Box.MAC, VictimIP: to.Box.IPv4.String()}}
+			return probes.Spec{Kind: probes.KindMACSpoof, Timeout: time.Second, Spoof: &probes.SpoofSpec{VictimMAC: to.Box.MAC, VictimIP: to.Box.IPv4.String()}}
 		}},
 	{Key: "ctl/dhcp-renew", Claim: ClaimControl, Kind: "dhcp", ID: "ctl/{from}/dhcp-renew", From: FromBoxes, To: ToGateway, Expect: Lease, Window: WindowDHCP,
 		Probe: func(from, to Endpoint, _ *Topology) probes.Spec {
@@ -502,7 +502,7 @@ func facts(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: pr
 // WindowFlood is how long a window row floods; the lab starts the re-apply WindowLead
 // after the floods start, and the re-apply must end inside the flood for the rows to count.
 const (
-	WindowFlood = 2500 * time.Millisecond
+	WindowFlood = 2000 * time.Millisecond
 	WindowLead  = 200 * time.Millisecond
 	// floodTail is how long a flood waits for late echoes after it stops sending.
 	floodTail = 300 * time.Millisecond

@@ -252,7 +252,20 @@ func (e *engine) spoofPhase(ctx context.Context, rows []*Row) {
 	if len(rows) == 0 {
 		return
 	}
-	moved := e.watchVictims(ctx, func() { e.execute(ctx, rows) })
+	// The MAC spoofs go last and alone: any other frame a victim sends (its own probes in
+	// this phase) re-teaches the bridge its MAC within milliseconds and hides a poisoning.
+	var mac, rest []*Row
+	for _, r := range rows {
+		if r.Probe.Kind == probes.KindMACSpoof {
+			mac = append(mac, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	moved := e.watchVictims(ctx, func() {
+		e.execute(ctx, rest)
+		e.execute(ctx, mac)
+	})
 	for _, r := range rows {
 		if r.Observed == Open {
 			continue
