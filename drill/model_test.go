@@ -65,7 +65,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/reapply": 1, "ctl/window-public": 3, "ctl/window-decoy": 1, "window/decoys": 3, "window/host": 3,
 		"window/box": 6, "window/host-box": 3, "window/decoy-box": 3, "window/conntrack-out": 1, "window/conntrack-in": 1,
 		"spoof/sibling-ip": 6, "spoof/any-ip": 3, "spoof/arp": 6, "spoof/mac": 6,
-		"ctl/dhcp-renew": 3, "dhcp/fake-mac": 3, "dhcp/fake-chaddr": 3, "dhcp/steal": 6, "dhcp/release": 6, "dhcp/release-intact": 6,
+		"ctl/dhcp-renew": 3, "dhcp/fake-mac": 3, "dhcp/fake-chaddr": 3, "dhcp/release": 6, "dhcp/release-intact": 6,
 		"frames/vlan0-ipv4": 6, "frames/vlan0-ipv6": 6, "frames/vlan0-dhcp-offer": 6, "frames/vlan0-ra": 6,
 		"frames/ethertype": 6, "frames/arp-zero": 6, "box-host/ll0e": 6, "box-host/ll03-gw": 3, "box-host/ll03": 3, "spoof/ll-reflect": 6, "resolver/servers.bind": 3, "resolver/version.bind": 3,
 		"internet/tcp": 3, "internet/dns": 3,
