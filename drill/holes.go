@@ -143,66 +143,17 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 			return nil, fmt.Errorf("seeded hole %q would give IPv6 to boxes that are not the drill's (%s): stop them or skip the hole", h.Name, strings.Join(others, ", "))
 		}
 	}
-	// A network change makes Incus re-apply (and restart dnsmasq) after the write returns:
-	// boxes restarted or probed before that settles would see the old stack.
-	var restoreLayers func(context.Context) error
-	// While layers are off, a marker says so: a run killed here leaves it, and the next
-	// run's sweep (or --cleanup) converges the stack again.
-	if err := os.WriteFile(HoleMarker, []byte(e.run+" "+h.Name+"\n"), 0o600); err != nil {
-		return nil, err
-	}
-	applyErr := e.settleAround(ctx, func() (err error) {
-		restoreLayers, err = e.host.SwitchOff(ctx, h.Off, e.boxNames())
-		return err
-	})
-	restore := func() error {
-		var errs []error
-		if restoreLayers != nil {
-			errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) }))
-		}
-		if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
-			errs = append(errs, err)
-		}
-		// A MAC or ARP spoof the hole let through leaves the bridge's FDB and the host's
-		// neighbour table pointing at the attacker: later holes would measure that.
-		var macs []string
-		for _, b := range e.boxes {
-			macs = append(macs, b.MAC)
-		}
-		if err := boxcore.LocalKernel().ForgetLearnt(e.o.Stack.Network, macs, e.boxAddrs()); err != nil {
-			errs = append(errs, err)
-		}
-		if err := errors.Join(errs...); err == nil {
-			_ = os.Remove(HoleMarker)
-		}
-		if h.Remint {
-			errs = append(errs, e.remint(ctx))
-		}
-		return errors.Join(errs...)
-	}
-	if applyErr == nil && h.Restart {
-		applyErr = e.restartBoxes(ctx)
-	}
-	if applyErr == nil && slices.Contains(h.Off, LayerIPv6Off) {
-		e.waitIPv6(ctx)
-	}
+	restoreLayers, applyErr := e.openHole(ctx, h)
 	var m *Matrix
 	if applyErr == nil {
 		hr.Layers, _ = e.host.ReadLayers(ctx, e.boxNames())
 		m, applyErr = e.matrix(ctx)
 	}
-	rerr := restore()
+	rerr := e.closeHole(ctx, h, restoreLayers)
 	if rerr != nil {
 		hr.RestoreErr = rerr.Error()
 	}
-	if r, err := e.host.Check(ctx); err == nil {
-		hr.Restored = r.OK
-		for _, d := range r.Drift() {
-			hr.RestoreErr += fmt.Sprintf("drift %s %s: want %s, have %s; ", d.Layer, d.Item, d.Expected, d.Actual)
-		}
-	} else {
-		hr.RestoreErr += err.Error()
-	}
+	e.checkRestored(ctx, hr)
 	hr.Elapsed = time.Since(t)
 	if applyErr != nil {
 		return hr, fmt.Errorf("seeded hole %q: %w", h.Name, applyErr)
@@ -213,8 +164,81 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		return hr, fmt.Errorf("seeded hole %q: restoring: %w", h.Name, rerr)
 	}
 	hr.Matrix = m
-	for _, r := range m.Rows {
-		exp := r.Expected.Negative() && r.Holds.OpenWithout(h.Off)
+	hr.attribute(m.Rows)
+	if !hr.Restored {
+		return hr, fmt.Errorf("seeded hole %q: the host was not restored: %s", h.Name, hr.RestoreErr)
+	}
+	return hr, nil
+}
+
+// openHole switches the hole's layers off through boxcore and waits for the re-apply that
+// causes to settle (boxes restarted or probed before it would see the old stack), then
+// restarts the boxes or waits for IPv6 where the hole needs it. While layers are off a
+// marker says so: a run killed then leaves it, and the next sweep converges the stack.
+func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Context) error, err error) {
+	if err := os.WriteFile(HoleMarker, []byte(e.run+" "+h.Name+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	err = e.settleAround(ctx, func() (err error) {
+		restore, err = e.host.SwitchOff(ctx, h.Off, e.boxNames())
+		return err
+	})
+	if err == nil && h.Restart {
+		err = e.restartBoxes(ctx)
+	}
+	if err == nil && slices.Contains(h.Off, LayerIPv6Off) {
+		e.waitIPv6(ctx)
+	}
+	return restore, err
+}
+
+// closeHole restores the layers (and waits for that re-apply to settle), forgets what the
+// hole let the kernel learn — the boxes' conntrack flows, their FDB and neighbour entries (a
+// spoof the hole let through would otherwise mislead the next one) — and re-mints the boxes
+// when the hole touched names, addresses, frames or spoofs.
+func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(context.Context) error) error {
+	var errs []error
+	if restoreLayers != nil {
+		errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) }))
+	}
+	if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
+		errs = append(errs, err)
+	}
+	var macs []string
+	for _, b := range e.boxes {
+		macs = append(macs, b.MAC)
+	}
+	if err := boxcore.LocalKernel().ForgetLearnt(e.o.Stack.Network, macs, e.boxAddrs()); err != nil {
+		errs = append(errs, err)
+	}
+	if errors.Join(errs...) == nil {
+		_ = os.Remove(HoleMarker)
+	}
+	if h.Remint {
+		errs = append(errs, e.remint(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// checkRestored: after a hole, host check must pass; its drift is the restore's error text.
+func (e *engine) checkRestored(ctx context.Context, hr *HoleResult) {
+	r, err := e.host.Check(ctx)
+	if err != nil {
+		hr.RestoreErr += err.Error()
+		return
+	}
+	hr.Restored = r.OK
+	for _, d := range r.Drift() {
+		hr.RestoreErr += fmt.Sprintf("drift %s %s: want %s, have %s; ", d.Layer, d.Item, d.Expected, d.Actual)
+	}
+}
+
+// attribute compares what turned red with what the hole's layers hold alone: as attributed
+// when exactly the rows whose every holding term lost a layer are red, none check-failed,
+// and the host was restored.
+func (hr *HoleResult) attribute(rows []*Row) {
+	for _, r := range rows {
+		exp := r.Expected.Negative() && r.Holds.OpenWithout(hr.Off)
 		red := r.Verdict == Fail
 		if exp {
 			hr.ExpectedRed = append(hr.ExpectedRed, r.ID)
@@ -235,10 +259,6 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		}
 	}
 	hr.OK = len(hr.Missing) == 0 && len(hr.Unexpected) == 0 && len(hr.CheckFailed) == 0 && hr.Restored
-	if !hr.Restored {
-		return hr, fmt.Errorf("seeded hole %q: the host was not restored: %s", h.Name, hr.RestoreErr)
-	}
-	return hr, nil
 }
 
 func (e *engine) boxNames() []string {

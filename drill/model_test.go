@@ -336,3 +336,34 @@ func TestHoles(t *testing.T) {
 		t.Error("the three box→box layers off open nothing")
 	}
 }
+
+// A hole is as attributed only when exactly the rows its layers hold alone turn red.
+func TestHoleAttribution(t *testing.T) {
+	rows := RowsOf(plan(t))
+	judge := func(off []Layer, red func(*Row) bool) *HoleResult {
+		for _, r := range rows {
+			r.Verdict = Pass
+			if red(r) {
+				r.Verdict = Fail
+			}
+		}
+		hr := &HoleResult{Off: off, Restored: true}
+		hr.attribute(rows)
+		return hr
+	}
+	acl := []Layer{LayerACL, LayerWall, LayerL2Ranges}
+	exact := func(r *Row) bool { return r.Expected.Negative() && r.Holds.OpenWithout(acl) }
+	if hr := judge(acl, exact); !hr.OK || len(hr.ObservedRed) == 0 {
+		t.Errorf("exactly the attributed rows red: %+v", hr)
+	}
+	if hr := judge(acl, func(r *Row) bool { return exact(r) && r.Claim != ClaimCGNAT }); hr.OK || len(hr.Missing) == 0 {
+		t.Error("a row expected red that held must make the hole not as attributed")
+	}
+	if hr := judge(acl, func(r *Row) bool { return exact(r) || r.Claim == ClaimBoxBox }); hr.OK || len(hr.Unexpected) == 0 {
+		t.Error("a red row the layers do not hold alone must make the hole not as attributed")
+	}
+	wall := []Layer{LayerWall}
+	if hr := judge(wall, func(r *Row) bool { return r.Row == "window/conntrack-in" }); !hr.OK {
+		t.Errorf("the wall alone opens exactly its single-layer row: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
+	}
+}
