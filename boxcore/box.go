@@ -14,7 +14,6 @@ import (
 type Box struct {
 	Name     string
 	Instance incus.Instance
-	ETag     string
 }
 
 // Running reports whether the box is running (or otherwise not stopped).
@@ -46,7 +45,7 @@ func Resolve(ctx context.Context, c *incus.Client, name string) (*Box, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, NoSuchBox(name)
 	}
-	in, etag, err := c.Instance(ctx, name)
+	in, _, err := c.Instance(ctx, name)
 	if errors.Is(err, incus.ErrNotFound) {
 		return nil, NoSuchBox(name)
 	}
@@ -56,7 +55,7 @@ func Resolve(ctx context.Context, c *incus.Client, name string) (*Box, error) {
 	if !IsBox(in) {
 		return nil, NoSuchBox(name)
 	}
-	return &Box{Name: in.Name, Instance: in, ETag: etag}, nil
+	return &Box{Name: in.Name, Instance: in}, nil
 }
 
 var (

@@ -21,8 +21,7 @@ import (
 // not the files API, the path is a symlink), names the first stage that recorded errors (init-local,
 // init, modules-config, modules-final) with its errors, and LogTailCommand(n) prints the
 // last n lines of CloudInitOutputLog (/var/log/cloud-init-output.log: every module's and
-// runcmd's stdout/stderr, including the Claude install script's). CloudInitLog holds
-// cloud-init's own debug log for deeper digging.
+// runcmd's stdout/stderr, including the Claude install script's).
 //
 // Timing: InstallRecord (JSON) holds the Claude install's duration; the stages' start and
 // finish times are in StageFile.
@@ -30,15 +29,11 @@ import (
 // Paths in the box.
 const (
 	CloudInitOutputLog = "/var/log/cloud-init-output.log"
-	CloudInitLog       = "/var/log/cloud-init.log"
 	StageFile          = "/run/cloud-init/status.json"
 )
 
 // WaitCommand blocks until cloud-init has finished and prints its status as JSON.
 func WaitCommand() []string { return []string{"cloud-init", "status", "--wait", "--format", "json"} }
-
-// StatusCommand prints cloud-init's current status as JSON without waiting.
-func StatusCommand() []string { return []string{"cloud-init", "status", "--format", "json"} }
 
 // LogTailCommand prints the last n lines of cloud-init's output log.
 func LogTailCommand(n int) []string {
@@ -58,7 +53,7 @@ type CloudInitStatus struct {
 	LastUpdate     string   `json:"last_update"`
 }
 
-// ParseStatus decodes the output of WaitCommand or StatusCommand.
+// ParseStatus decodes the output of WaitCommand.
 func ParseStatus(b []byte) (CloudInitStatus, error) {
 	var s CloudInitStatus
 	if err := json.Unmarshal(b, &s); err != nil {
