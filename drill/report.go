@@ -179,8 +179,8 @@ func short(n string) string {
 
 func truncate(s string, n int) string {
 	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > n {
-		return s[:n] + "…"
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…" // by runes: never half a character
 	}
 	return s
 }
