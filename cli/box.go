@@ -20,6 +20,8 @@ import (
 
 var boxPre = []Precondition{NeedsArgs, NeedsDaemon, NeedsBox}
 
+// boxCommands is the box verbs' rows of the command table. Long by design: it is data, one
+// row per verb (name, synopsis, flags, preconditions, action), read top to bottom like help.
 func boxCommands() []Command {
 	return []Command{
 		{

@@ -296,7 +296,8 @@ const (
 	wNATMasq       = "nat-masquerade"
 )
 
-// wallRules returns the wall's rules, chain by chain; s must be Resolved.
+// wallRules returns the wall's rules, chain by chain; s must be Resolved. Long by design: it
+// is the table itself, every rule a line of data in chain order, so it reads like the nft text.
 func wallRules(s Spec) []Rule {
 	wt := WallTableName(s.Bridge)
 	b, n := s.Bridge, s.subnet()
