@@ -86,21 +86,7 @@ type Progress struct {
 // with a context of its own, so an interrupt cannot cut the cleanup short. Until the mint
 // is complete the box carries tagMint, and list/info show it as MINTING, never as ready.
 func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
-	if err := ValidateName(o.Name); err != nil {
-		return nil, err
-	}
-	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
-		return nil, Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
-	}
-	if err := ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
-		return nil, err
-	}
-	if o.From != "" {
-		if _, _, err := ParseFrom(o.From); err != nil {
-			return nil, err
-		}
-	}
-	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
+	if err := validateNew(ctx, o); err != nil {
 		return nil, err
 	}
 	// Two `new` of one name on this host: the second says so at once instead of racing the
@@ -111,174 +97,270 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	}
 	defer unlock()
 
-	token := randomToken()
-	now := time.Now().UTC().Format(time.RFC3339)
-	cfg := map[string]string{
-		TagKey:     "1",
-		TagCreated: now,
-		TagVersion: bs.Version,
-		tagMint:    token,
+	m := &minting{bs: bs, o: o, token: randomToken()}
+	req, err := m.request(ctx)
+	if err != nil {
+		return nil, err
 	}
-	req := incus.InstancesPost{Name: o.Name, Profiles: []string{bs.Stack.Profile}, Type: "container"}
-	if o.VM {
-		req.Type = "virtual-machine"
-	}
-	var cloneFrom *Box
-	if o.From != "" {
-		src, snap, err := bs.resolveSource(ctx, o.From)
-		if err != nil {
-			return nil, err
-		}
-		if o.Type != "" && o.Type != src.Instance.Type {
-			flag := map[string]string{"virtual-machine": "--vm", "container": "--container"}[o.Type]
-			return nil, Usagef("new: %s asks for a %s, but %s is a %s and a clone keeps its source's type: drop %s (or clone a %s)",
-				flag, typeWord(o.Type), src.Name, typeWord(src.Instance.Type), flag, typeWord(o.Type))
-		}
-		cloneFrom = src
-		req.Type = src.Instance.Type
-		for k, v := range src.Instance.Config {
-			// Volatile keys carry the source's MAC addresses and ids: a clone regenerates them.
-			if !strings.HasPrefix(k, "volatile.") && !strings.HasPrefix(k, "user.claudebox") && k != "image.architecture" {
-				cfg[k] = v
-			}
-		}
-		req.Devices = maps.Clone(src.Instance.Devices)
-		source := src.Name
-		if snap != "" {
-			source += "/" + snap
-		}
-		req.Source = incus.InstanceSource{Type: "copy", Source: source, InstanceOnly: true}
-		cfg[TagOrigin], cfg[TagFrom] = "clone", source
-		if t := src.Instance.Config[TagTemplate]; t != "" {
-			// A copy gets a new cloud-init instance-id, so cloud-init runs again: wait for it.
-			cfg[TagTemplate] = t
-			if o.FirstBoot == nil {
-				o.FirstBoot = &FirstBoot{Timeout: DefaultFirstBootTimeout}
-			}
-		}
-	} else {
-		src, err := ResolveImage(o.Image)
-		if err != nil {
-			return nil, err
-		}
-		if src.Server == "" {
-			if _, err := bs.Client.ImageAlias(ctx, src.Alias); errors.Is(err, incus.ErrNotFound) {
-				return nil, Usagef("new: no image %q on this daemon: see 'incus image list' for local aliases, or name a remote image as REMOTE:ALIAS (e.g. images:debian/12/cloud)", o.Image)
-			} else if err != nil && ctx.Err() == nil {
-				return nil, err
-			}
-		}
-		req.Source = src
-		cfg[TagOrigin], cfg[TagFrom] = "fresh", o.Image
-		if o.CPU != "" {
-			cfg["limits.cpu"] = o.CPU
-		}
-		if o.Memory != "" {
-			cfg["limits.memory"] = o.Memory
-		}
-		if o.Disk != "" {
-			req.Devices = map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": bs.Stack.Pool, "size": o.Disk}}
-		}
-	}
-	for k, v := range o.Config {
-		cfg[k] = v
-	}
-	req.Config = cfg
 	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
 		return nil, err
 	}
-
-	progress := func(p Progress) {
-		if o.Progress != nil {
-			o.Progress(p)
-		}
-	}
-	// fail removes what this call made and says why. When ctx ended, the why is the interrupt,
-	// whatever error the cut-short step returned.
-	fail := func(stage string, err error) (*Box, error) {
-		left := bs.discard(o.Name, token)
-		if ierr := interrupted(ctx, o.Name, stage, left != nil); ierr != nil {
-			return nil, ierr
-		}
-		if left != nil {
-			err = fmt.Errorf("%w\n(and the half-made box could not be removed: %v; remove it with: claudebox rm %s --force)", err, left, o.Name)
-		}
+	started := time.Now()
+	if err := m.createInstance(ctx, req); err != nil {
 		return nil, err
 	}
-
-	started := time.Now()
-	progress(Progress{Stage: "create", Percent: -1, Text: "creating " + o.Name})
-	var onProgress func(incus.ProgressEvent)
-	if o.Progress != nil { // polling for progress costs round trips: only when someone watches
-		onProgress = func(ev incus.ProgressEvent) {
-			progress(Progress{Stage: "download", Percent: ev.Percent, Text: ev.Text})
-		}
-	}
-	if err := bs.create(ctx, req, onProgress); err != nil {
-		if ctx.Err() != nil {
-			return fail("creating", err)
-		}
-		bs.discard(o.Name, token)
-		if errors.Is(err, incus.ErrConflict) || bs.heldByOther(o.Name, token) {
-			return nil, Usagef("new: an instance named %s already exists: pick another --name", o.Name)
-		}
-		if serr := bs.checkStack(ctx); serr != nil {
-			return nil, serr
-		}
-		return nil, fmt.Errorf("new: creating %s: %w", o.Name, err)
-	}
-	if cloneFrom != nil && req.Type == "container" {
-		// Same machine-id, same DHCP client id, same lease: reset it so systemd makes a new one.
-		if err := bs.resetMachineID(ctx, o.Name); err != nil {
-			return fail("preparing", err)
-		}
-	}
-	if ctx.Err() != nil {
-		return fail("creating", ctx.Err())
-	}
-	progress(Progress{Stage: "start", Percent: -1, Text: "starting " + o.Name})
-	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
-	// instance is then removed from a known state rather than mid-start.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-	err = bs.Client.SetState(sctx, o.Name, "start", false, 0)
-	scancel()
-	if err != nil {
-		return fail("starting", fmt.Errorf("new: starting %s: %w", o.Name, err))
-	}
-	if ctx.Err() != nil {
-		return fail("starting", ctx.Err())
-	}
-	if err := bs.bindPorts(ctx); err != nil {
-		return fail("binding the port of", fmt.Errorf("new: %w", err))
+	if err := m.start(ctx); err != nil {
+		return nil, err
 	}
 	// The box as we made it; no need to ask the daemon what it just told us.
-	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: cfg, Profiles: req.Profiles, Devices: req.Devices}}
+	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: req.Config, Profiles: req.Profiles, Devices: req.Devices}}
 	launched := time.Now()
 	if o.Timings != nil {
 		o.Timings.Launch = launched.Sub(started)
 	}
-	if o.FirstBoot != nil {
-		progress(Progress{Stage: "first boot", Percent: -1, Text: "waiting for cloud-init in " + o.Name + " (packages, Claude Code)"})
-		if err := bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
-			if ctx.Err() != nil || !o.KeepFailed {
-				return fail("waiting for the first boot of", err)
-			}
-			return nil, fmt.Errorf("%w\n(kept for inspection: claudebox shell %s; remove with claudebox rm %s --force)", err, o.Name, o.Name)
-		}
-		if o.Timings != nil {
-			o.Timings.FirstBoot = time.Since(launched)
-			o.Timings.ClaudeInstall = bs.claudeInstallTime(ctx, o.Name)
-		}
+	if err := m.firstBoot(ctx, box, launched); err != nil {
+		return nil, err
 	}
-	if ctx.Err() != nil {
-		return fail("finishing", ctx.Err())
-	}
-	// Done: drop the mint marker. From here the box is a box like any other.
-	if err := bs.finishMint(ctx, o.Name, token); err != nil {
-		return fail("finishing", err)
+	if err := m.finish(ctx); err != nil {
+		return nil, err
 	}
 	delete(box.Instance.Config, tagMint)
 	return box, nil
+}
+
+// validateNew refuses bad options, and a ctx already ended, before anything is locked or made.
+func validateNew(ctx context.Context, o NewOptions) error {
+	if err := ValidateName(o.Name); err != nil {
+		return err
+	}
+	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
+		return Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
+	}
+	if err := ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
+		return err
+	}
+	if o.From != "" {
+		if _, _, err := ParseFrom(o.From); err != nil {
+			return err
+		}
+	}
+	return interrupted(ctx, o.Name, "starting", false)
+}
+
+// minting is one call of New. Its token marks the instance this call makes, so that cleanup
+// removes that instance and never a racing call's.
+type minting struct {
+	bs    *Boxes
+	o     NewOptions // New's own copy: request may fill in FirstBoot for a clone
+	token string
+	clone bool
+}
+
+func (m *minting) progress(p Progress) {
+	if m.o.Progress != nil {
+		m.o.Progress(p)
+	}
+}
+
+// fail removes what this call made and says why. When ctx ended, the why is the interrupt,
+// whatever error the cut-short step returned.
+func (m *minting) fail(ctx context.Context, stage string, err error) error {
+	left := m.bs.discard(m.o.Name, m.token)
+	if ierr := interrupted(ctx, m.o.Name, stage, left != nil); ierr != nil {
+		return ierr
+	}
+	if left != nil {
+		err = fmt.Errorf("%w\n(and the half-made box could not be removed: %v; remove it with: claudebox rm %s --force)", err, left, m.o.Name)
+	}
+	return err
+}
+
+// request builds the create request: tags, the stack's profile, and a source that is either
+// a box to clone or an image; the caller's extra config goes on top.
+func (m *minting) request(ctx context.Context) (incus.InstancesPost, error) {
+	cfg := map[string]string{
+		TagKey:     "1",
+		TagCreated: time.Now().UTC().Format(time.RFC3339),
+		TagVersion: m.bs.Version,
+		tagMint:    m.token,
+	}
+	req := incus.InstancesPost{Name: m.o.Name, Profiles: []string{m.bs.Stack.Profile}, Type: "container"}
+	if m.o.VM {
+		req.Type = "virtual-machine"
+	}
+	var err error
+	if m.o.From != "" {
+		err = m.cloneSource(ctx, &req, cfg)
+	} else {
+		err = m.imageSource(ctx, &req, cfg)
+	}
+	if err != nil {
+		return incus.InstancesPost{}, err
+	}
+	for k, v := range m.o.Config {
+		cfg[k] = v
+	}
+	req.Config = cfg
+	return req, nil
+}
+
+// cloneSource makes req a copy of the box (or snapshot) o.From, with its type, devices and
+// config, less what identifies the source.
+func (m *minting) cloneSource(ctx context.Context, req *incus.InstancesPost, cfg map[string]string) error {
+	o := &m.o
+	src, snap, err := m.bs.resolveSource(ctx, o.From)
+	if err != nil {
+		return err
+	}
+	if o.Type != "" && o.Type != src.Instance.Type {
+		flag := map[string]string{"virtual-machine": "--vm", "container": "--container"}[o.Type]
+		return Usagef("new: %s asks for a %s, but %s is a %s and a clone keeps its source's type: drop %s (or clone a %s)",
+			flag, typeWord(o.Type), src.Name, typeWord(src.Instance.Type), flag, typeWord(o.Type))
+	}
+	m.clone = true
+	req.Type = src.Instance.Type
+	for k, v := range src.Instance.Config {
+		// Volatile keys carry the source's MAC addresses and ids: a clone regenerates them.
+		if !strings.HasPrefix(k, "volatile.") && !strings.HasPrefix(k, "user.claudebox") && k != "image.architecture" {
+			cfg[k] = v
+		}
+	}
+	req.Devices = maps.Clone(src.Instance.Devices)
+	source := src.Name
+	if snap != "" {
+		source += "/" + snap
+	}
+	req.Source = incus.InstanceSource{Type: "copy", Source: source, InstanceOnly: true}
+	cfg[TagOrigin], cfg[TagFrom] = "clone", source
+	if t := src.Instance.Config[TagTemplate]; t != "" {
+		// A copy gets a new cloud-init instance-id, so cloud-init runs again: wait for it.
+		cfg[TagTemplate] = t
+		if o.FirstBoot == nil {
+			o.FirstBoot = &FirstBoot{Timeout: DefaultFirstBootTimeout}
+		}
+	}
+	return nil
+}
+
+// imageSource makes req a fresh box from the image o.Image, with the limits asked for.
+func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg map[string]string) error {
+	o := &m.o
+	src, err := ResolveImage(o.Image)
+	if err != nil {
+		return err
+	}
+	if src.Server == "" {
+		if _, err := m.bs.Client.ImageAlias(ctx, src.Alias); errors.Is(err, incus.ErrNotFound) {
+			return Usagef("new: no image %q on this daemon: see 'incus image list' for local aliases, or name a remote image as REMOTE:ALIAS (e.g. images:debian/12/cloud)", o.Image)
+		} else if err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	req.Source = src
+	cfg[TagOrigin], cfg[TagFrom] = "fresh", o.Image
+	if o.CPU != "" {
+		cfg["limits.cpu"] = o.CPU
+	}
+	if o.Memory != "" {
+		cfg["limits.memory"] = o.Memory
+	}
+	if o.Disk != "" {
+		req.Devices = map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": m.bs.Stack.Pool, "size": o.Disk}}
+	}
+	return nil
+}
+
+// createInstance creates the instance and, for a container clone, gives it its own
+// machine-id.
+func (m *minting) createInstance(ctx context.Context, req incus.InstancesPost) error {
+	m.progress(Progress{Stage: "create", Percent: -1, Text: "creating " + m.o.Name})
+	var onProgress func(incus.ProgressEvent)
+	if m.o.Progress != nil { // polling for progress costs round trips: only when someone watches
+		onProgress = func(ev incus.ProgressEvent) {
+			m.progress(Progress{Stage: "download", Percent: ev.Percent, Text: ev.Text})
+		}
+	}
+	if err := m.bs.create(ctx, req, onProgress); err != nil {
+		return m.createFailed(ctx, err)
+	}
+	if m.clone && req.Type == "container" {
+		// Same machine-id, same DHCP client id, same lease: reset it so systemd makes a new one.
+		if err := m.bs.resetMachineID(ctx, m.o.Name); err != nil {
+			return m.fail(ctx, "preparing", err)
+		}
+	}
+	if ctx.Err() != nil {
+		return m.fail(ctx, "creating", ctx.Err())
+	}
+	return nil
+}
+
+// createFailed cleans up after a failed create and says why it failed: the interrupt, the
+// name taken, the stack missing, or the daemon's own error.
+func (m *minting) createFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return m.fail(ctx, "creating", err)
+	}
+	m.bs.discard(m.o.Name, m.token)
+	if errors.Is(err, incus.ErrConflict) || m.bs.heldByOther(m.o.Name, m.token) {
+		return Usagef("new: an instance named %s already exists: pick another --name", m.o.Name)
+	}
+	if serr := m.bs.checkStack(ctx); serr != nil {
+		return serr
+	}
+	return fmt.Errorf("new: creating %s: %w", m.o.Name, err)
+}
+
+// start starts the instance and binds its port.
+func (m *minting) start(ctx context.Context) error {
+	m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
+	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
+	// instance is then removed from a known state rather than mid-start.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	err := m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
+	scancel()
+	if err != nil {
+		return m.fail(ctx, "starting", fmt.Errorf("new: starting %s: %w", m.o.Name, err))
+	}
+	if ctx.Err() != nil {
+		return m.fail(ctx, "starting", ctx.Err())
+	}
+	if err := m.bs.bindPorts(ctx); err != nil {
+		return m.fail(ctx, "binding the port of", fmt.Errorf("new: %w", err))
+	}
+	return nil
+}
+
+// firstBoot waits for cloud-init when asked to. A failed first boot is cleaned up unless
+// KeepFailed says to keep the box; an interrupt is cleaned up regardless.
+func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) error {
+	o := m.o
+	if o.FirstBoot == nil {
+		return nil
+	}
+	m.progress(Progress{Stage: "first boot", Percent: -1, Text: "waiting for cloud-init in " + o.Name + " (packages, Claude Code)"})
+	if err := m.bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
+		if ctx.Err() != nil || !o.KeepFailed {
+			return m.fail(ctx, "waiting for the first boot of", err)
+		}
+		return fmt.Errorf("%w\n(kept for inspection: claudebox shell %s; remove with claudebox rm %s --force)", err, o.Name, o.Name)
+	}
+	if o.Timings != nil {
+		o.Timings.FirstBoot = time.Since(launched)
+		o.Timings.ClaudeInstall = m.bs.claudeInstallTime(ctx, o.Name)
+	}
+	return nil
+}
+
+// finish drops the mint marker. From here the box is a box like any other.
+func (m *minting) finish(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return m.fail(ctx, "finishing", ctx.Err())
+	}
+	if err := m.bs.finishMint(ctx, m.o.Name, m.token); err != nil {
+		return m.fail(ctx, "finishing", err)
+	}
+	return nil
 }
 
 // create sends the create request and waits for its operation. The request itself is sent
