@@ -251,87 +251,105 @@ var (
 	label     = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
 )
 
+// problems collects every fault of a template, so that one run names them all.
+type problems []error
+
+func (p *problems) add(f string, a ...any) { *p = append(*p, fmt.Errorf(f, a...)) }
+
 func (t *Template) check() error {
-	var errs []error
-	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf(f, a...)) }
+	var p problems
+	t.checkBox(&p)
+	if t.ClaudeMD != "" && t.Claude == nil {
+		p.add("claude_md without claude: the notes describe an agent that is not installed")
+	}
+	if t.Claude != nil {
+		t.Claude.check(&p)
+	}
+	return errors.Join(p...)
+}
+
+// checkBox checks what every template needs whether or not it installs Claude.
+func (t *Template) checkBox(p *problems) {
 	if d := strings.TrimSpace(t.Description); d == "" || strings.Contains(d, "\n") {
-		bad("description must be one non-empty line")
+		p.add("description must be one non-empty line")
 	}
 	if t.Image.Container == "" || t.Image.VM == "" {
-		bad("image.container and image.vm are both required")
+		p.add("image.container and image.vm are both required")
 	}
 	if t.Resources.CPU < 1 {
-		bad("resources.cpu must be at least 1")
+		p.add("resources.cpu must be at least 1")
 	}
 	if !size.MatchString(t.Resources.Memory) {
-		bad("resources.memory %q is not a size like 4GiB", t.Resources.Memory)
+		p.add("resources.memory %q is not a size like 4GiB", t.Resources.Memory)
 	}
 	if !size.MatchString(t.Resources.Disk) {
-		bad("resources.disk %q is not a size like 20GiB", t.Resources.Disk)
+		p.add("resources.disk %q is not a size like 20GiB", t.Resources.Disk)
 	}
 	for k := range t.VMConfig {
 		if strings.HasPrefix(k, "user.") || strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "cloud-init.") {
-			bad("vm_config may not set %s", k)
+			p.add("vm_config may not set %s", k)
 		}
 	}
 	if !strings.HasPrefix(t.UserData, "#cloud-config\n") {
-		bad("user_data must start with a #cloud-config line")
+		p.add("user_data must start with a #cloud-config line")
 	}
-	if t.ClaudeMD != "" && t.Claude == nil {
-		bad("claude_md without claude: the notes describe an agent that is not installed")
+}
+
+func (c *Claude) check(p *problems) {
+	if c.Version != "latest" && c.Version != "stable" && !semver.MatchString(c.Version) {
+		p.add("claude.version %q: want latest, stable or x.y.z", c.Version)
 	}
-	if c := t.Claude; c != nil {
-		if c.Version != "latest" && c.Version != "stable" && !semver.MatchString(c.Version) {
-			bad("claude.version %q: want latest, stable or x.y.z", c.Version)
+	switch c.Install {
+	case "npm":
+		c.checkNPM(p)
+	case "native":
+		if c.Native == nil || !strings.HasPrefix(c.Native.URL, "https://") {
+			p.add("claude.install is native but claude.native.url (https://) is missing")
 		}
-		switch c.Install {
-		case "npm":
-			if c.NPM == nil {
-				bad("claude.install is npm but claude.npm is missing")
-				break
-			}
-			if c.Version == "stable" {
-				bad("claude.version stable is a native-installer channel; npm takes latest or x.y.z")
-			}
-			n := c.NPM
-			if !strings.HasPrefix(n.Registry, "https://") || strings.HasSuffix(n.Registry, "/") {
-				bad("claude.npm.registry %q: want an https:// URL without a trailing slash", n.Registry)
-			}
-			if n.Package == "" {
-				bad("claude.npm.package is required")
-			}
-			if !semver.MatchString(n.Node.Version) {
-				bad("claude.npm.node.version %q: want x.y.z", n.Node.Version)
-			}
-			if len(n.Node.SHA512) == 0 {
-				bad("claude.npm.node.sha512 needs at least one architecture")
-			}
-			for arch, sum := range n.Node.SHA512 {
-				if _, ok := nodeArch[arch]; !ok {
-					bad("claude.npm.node.sha512: unknown architecture %q (known: amd64, arm64)", arch)
-				}
-				if !hexSHA512.MatchString(sum) {
-					bad("claude.npm.node.sha512.%s is not a hex SHA-512", arch)
-				}
-			}
-			if !semver.MatchString(n.NPM.Version) || !hexSHA512.MatchString(n.NPM.SHA512) {
-				bad("claude.npm.npm needs version x.y.z and a hex sha512")
-			}
-			if c.Native != nil {
-				bad("claude.native is set but claude.install is npm")
-			}
-		case "native":
-			if c.Native == nil || !strings.HasPrefix(c.Native.URL, "https://") {
-				bad("claude.install is native but claude.native.url (https://) is missing")
-			}
-			if c.NPM != nil {
-				bad("claude.npm is set but claude.install is native")
-			}
-		default:
-			bad("claude.install %q: want npm or native", c.Install)
+		if c.NPM != nil {
+			p.add("claude.npm is set but claude.install is native")
+		}
+	default:
+		p.add("claude.install %q: want npm or native", c.Install)
+	}
+}
+
+// checkNPM checks the npm method: a pinned Node.js and npm, each with its SHA-512.
+func (c *Claude) checkNPM(p *problems) {
+	if c.NPM == nil {
+		p.add("claude.install is npm but claude.npm is missing")
+		return
+	}
+	if c.Version == "stable" {
+		p.add("claude.version stable is a native-installer channel; npm takes latest or x.y.z")
+	}
+	n := c.NPM
+	if !strings.HasPrefix(n.Registry, "https://") || strings.HasSuffix(n.Registry, "/") {
+		p.add("claude.npm.registry %q: want an https:// URL without a trailing slash", n.Registry)
+	}
+	if n.Package == "" {
+		p.add("claude.npm.package is required")
+	}
+	if !semver.MatchString(n.Node.Version) {
+		p.add("claude.npm.node.version %q: want x.y.z", n.Node.Version)
+	}
+	if len(n.Node.SHA512) == 0 {
+		p.add("claude.npm.node.sha512 needs at least one architecture")
+	}
+	for arch, sum := range n.Node.SHA512 {
+		if _, ok := nodeArch[arch]; !ok {
+			p.add("claude.npm.node.sha512: unknown architecture %q (known: amd64, arm64)", arch)
+		}
+		if !hexSHA512.MatchString(sum) {
+			p.add("claude.npm.node.sha512.%s is not a hex SHA-512", arch)
 		}
 	}
-	return errors.Join(errs...)
+	if !semver.MatchString(n.NPM.Version) || !hexSHA512.MatchString(n.NPM.SHA512) {
+		p.add("claude.npm.npm needs version x.y.z and a hex sha512")
+	}
+	if c.Native != nil {
+		p.add("claude.native is set but claude.install is npm")
+	}
 }
 
 // Render returns the #cloud-config user-data for a box made from t. It fails if p is
