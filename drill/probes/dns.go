@@ -34,12 +34,35 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 	if qtype == "" {
 		qtype = "A"
 	}
-	server := q.Server
+	server, sa, err := dnsServer(q.Server)
+	if err != nil {
+		r.Outcome, r.Evidence = CheckFailed, err.Error()
+		return
+	}
+	r.DNS = &DNSAnswer{Server: server}
+	if _, err := routeCheck(sa, s.Iface); err != nil {
+		r.Outcome, r.Evidence = CheckFailed, err.Error()
+		return
+	}
+	name, m := dnsQuestion(q, qtype)
+	start := time.Now()
+	resp, err := exchangeDNS(ctx, m, server, s.Iface)
+	if err != nil {
+		dnsFailed(r, err, server, sa, s.Iface, start)
+		return
+	}
+	r.RTT = time.Since(start)
+	dnsAnswered(r, resp, name, qtype, server)
+}
+
+// dnsServer returns the server to ask as host:port, and its address. An empty
+// server means the first nameserver of ResolvConf.
+func dnsServer(given string) (string, netip.Addr, error) {
+	server := given
 	if server == "" {
 		cfg, err := dns.ClientConfigFromFile(ResolvConf)
 		if err != nil || len(cfg.Servers) == 0 {
-			r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("no DNS server given and none in %s: %v", ResolvConf, err)
-			return
+			return "", netip.Addr{}, fmt.Errorf("no DNS server given and none in %s: %v", ResolvConf, err)
 		}
 		server = cfg.Servers[0]
 	}
@@ -49,15 +72,14 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 	host, _, _ := net.SplitHostPort(server)
 	sa, err := netip.ParseAddr(host)
 	if err != nil {
-		r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("DNS server %q is not an IP address", q.Server)
-		return
+		return "", netip.Addr{}, fmt.Errorf("DNS server %q is not an IP address", given)
 	}
-	sa = sa.Unmap()
-	r.DNS = &DNSAnswer{Server: server}
-	if _, err := routeCheck(sa, s.Iface); err != nil {
-		r.Outcome, r.Evidence = CheckFailed, err.Error()
-		return
-	}
+	return server, sa.Unmap(), nil
+}
+
+// dnsQuestion builds the query and returns the name it asks about (for PTR
+// of an IP literal, the reverse name).
+func dnsQuestion(q DNSQuery, qtype string) (string, *dns.Msg) {
 	name := q.Name
 	if qtype == "PTR" {
 		if ip, err := netip.ParseAddr(name); err == nil {
@@ -73,12 +95,15 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 		m.Question[0].Qclass = dns.ClassCHAOS
 		m.RecursionDesired = false
 	}
+	return name, m
+}
 
-	// Two tries inside the window: one lost datagram must not make a
-	// positive control look like silence.
+// exchangeDNS sends m over UDP from iface. Two tries inside the window: one
+// lost datagram must not make a positive control look like silence.
+func exchangeDNS(ctx context.Context, m *dns.Msg, server, iface string) (*dns.Msg, error) {
 	deadline, _ := ctx.Deadline()
-	start := time.Now()
 	var resp *dns.Msg
+	var err error
 	for attempt := 0; attempt < 2; attempt++ {
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -87,30 +112,35 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 		if attempt == 0 {
 			left = left * 6 / 10
 		}
-		d := &net.Dialer{Control: udpControl(s.Iface, true)}
+		d := &net.Dialer{Control: udpControl(iface, true)}
 		cl := &dns.Client{Net: "udp", Timeout: left, Dialer: d}
 		resp, _, err = cl.ExchangeContext(ctx, m, server)
 		if err == nil || !isTimeout(err) {
 			break
 		}
 	}
-	if err != nil {
-		switch {
-		case isTimeout(err):
-			r.Outcome, r.Evidence = Dropped, fmt.Sprintf("no DNS response from %s before the timeout", server)
-		case errors.Is(err, syscall.ECONNREFUSED):
-			r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("ICMP port unreachable from %s: no DNS server listens there", server)
-			r.RTT = time.Since(start)
-		default:
-			o, ev := classify(err, sa, s.Iface)
-			if o == Refused { // ICMP unreachable: still no resolver answer
-				o = CheckFailed
-			}
-			r.Outcome, r.Evidence = o, "DNS: "+ev
+	return resp, err
+}
+
+// dnsFailed records an exchange that got no DNS response.
+func dnsFailed(r *Result, err error, server string, sa netip.Addr, iface string, start time.Time) {
+	switch {
+	case isTimeout(err):
+		r.Outcome, r.Evidence = Dropped, fmt.Sprintf("no DNS response from %s before the timeout", server)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		r.Outcome, r.Evidence = CheckFailed, fmt.Sprintf("ICMP port unreachable from %s: no DNS server listens there", server)
+		r.RTT = time.Since(start)
+	default:
+		o, ev := classify(err, sa, iface)
+		if o == Refused { // ICMP unreachable: still no resolver answer
+			o = CheckFailed
 		}
-		return
+		r.Outcome, r.Evidence = o, "DNS: "+ev
 	}
-	r.RTT = time.Since(start)
+}
+
+// dnsAnswered records a DNS response: open with records, refused without.
+func dnsAnswered(r *Result, resp *dns.Msg, name, qtype, server string) {
 	r.DNS.Answered = true
 	r.DNS.Rcode = dns.RcodeToString[resp.Rcode]
 	for _, rr := range resp.Answer {
