@@ -52,8 +52,7 @@ func probeICMP(ctx context.Context, s Spec, r *Result) {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
 	}
-	v6 := dst.Is6()
-	c, raw, err := icmpConn(ctx, v6, s.Iface)
+	c, raw, err := icmpConn(ctx, dst.Is6(), s.Iface)
 	if err != nil {
 		r.Outcome, r.Evidence = CheckFailed, err.Error()
 		return
@@ -62,83 +61,124 @@ func probeICMP(ctx context.Context, s Spec, r *Result) {
 	deadline, _ := ctx.Deadline()
 	_ = c.SetReadDeadline(deadline)
 
-	var echoType, replyType, unreachType icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply, ipv4.ICMPTypeDestinationUnreachable
-	var exceededType icmp.Type = ipv4.ICMPTypeTimeExceeded
-	proto := protoICMP
-	if v6 {
-		echoType, replyType, unreachType = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, ipv6.ICMPTypeDestinationUnreachable
-		exceededType, proto = ipv6.ICMPTypeTimeExceeded, protoICMPv6
+	e := newEchoer(c, raw, dst)
+	start := time.Now()
+	if err := e.send(); err != nil {
+		r.Outcome, r.Evidence = classify(err, dst, s.Iface)
+		return
 	}
+	defer resendUntil(s.Timeout, func() { _ = e.send() })()
+	e.await(r, s.Iface, start)
+}
+
+// icmpKinds are one address family's ICMP message types and protocol number.
+type icmpKinds struct {
+	echo, reply, unreach, exceeded icmp.Type
+	proto                          int
+}
+
+func icmpKindsOf(v6 bool) icmpKinds {
+	if v6 {
+		return icmpKinds{ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, ipv6.ICMPTypeDestinationUnreachable, ipv6.ICMPTypeTimeExceeded, protoICMPv6}
+	}
+	return icmpKinds{ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply, ipv4.ICMPTypeDestinationUnreachable, ipv4.ICMPTypeTimeExceeded, protoICMP}
+}
+
+// echoer pings dst over c and tells its answers from everything else the
+// socket sees.
+type echoer struct {
+	c       net.PacketConn
+	raw     bool // a raw socket; false for a ping socket
+	dst     netip.Addr
+	to      net.Addr
+	kinds   icmpKinds
+	id      int
+	payload []byte
+	seq     int
+}
+
+func newEchoer(c net.PacketConn, raw bool, dst netip.Addr) *echoer {
 	var to net.Addr = &net.IPAddr{IP: dst.AsSlice(), Zone: dst.Zone()}
 	if !raw {
 		to = &net.UDPAddr{IP: dst.AsSlice(), Zone: dst.Zone()}
 	}
-	id := rand.IntN(0xffff) + 1
-	payload := []byte(token())
-	seq := 0
-	send := func() error {
-		seq++
-		m := icmp.Message{Type: echoType, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}
-		b, err := m.Marshal(nil) // the kernel fills the ICMPv6 checksum
-		if err != nil {
-			return err
-		}
-		_, err = c.WriteTo(b, to)
+	return &echoer{c: c, raw: raw, dst: dst, to: to, kinds: icmpKindsOf(dst.Is6()),
+		id: rand.IntN(0xffff) + 1, payload: []byte(token())}
+}
+
+// send sends the next echo request.
+func (e *echoer) send() error {
+	e.seq++
+	m := icmp.Message{Type: e.kinds.echo, Body: &icmp.Echo{ID: e.id, Seq: e.seq, Data: e.payload}}
+	b, err := m.Marshal(nil) // the kernel fills the ICMPv6 checksum
+	if err != nil {
 		return err
 	}
-	start := time.Now()
-	if err := send(); err != nil {
-		r.Outcome, r.Evidence = classify(err, dst, s.Iface)
-		return
-	}
-	defer resendUntil(s.Timeout, func() { _ = send() })()
+	_, err = e.c.WriteTo(b, e.to)
+	return err
+}
+
+// await reads until our echo is answered, or the read fails (the deadline).
+func (e *echoer) await(r *Result, iface string, start time.Time) {
 	buf := make([]byte, 1500)
 	for {
-		n, from, err := c.ReadFrom(buf)
+		n, from, err := e.c.ReadFrom(buf)
 		if err != nil {
-			r.Outcome, r.Evidence = classify(err, dst, s.Iface)
+			r.Outcome, r.Evidence = classify(err, e.dst, iface)
 			return
 		}
-		m, err := icmp.ParseMessage(proto, buf[:n])
+		m, err := icmp.ParseMessage(e.kinds.proto, buf[:n])
 		if err != nil {
 			continue
 		}
-		fromAddr := addrOf(from)
-		switch m.Type {
-		case replyType:
-			e, ok := m.Body.(*icmp.Echo)
-			// Ping sockets rewrite the ID and demultiplex for us; raw ones see
-			// every reply on the box, so match ID, source and payload.
-			if !ok || string(e.Data) != string(payload) || (raw && (e.ID != id || fromAddr.WithZone("") != dst.WithZone(""))) {
-				continue
-			}
-			r.Outcome, r.RTT, r.Answer = Open, time.Since(start), fromAddr.String()
-			r.Evidence = fmt.Sprintf("echo reply seq %d", e.Seq)
-			return
-		case unreachType, exceededType:
-			var data []byte
-			switch b := m.Body.(type) {
-			case *icmp.DstUnreach:
-				data = b.Data
-			case *icmp.TimeExceeded:
-				data = b.Data
-			}
-			if !quotesOurEcho(data, v6, dst, id, raw) {
-				continue
-			}
-			r.RTT, r.Answer = time.Since(start), fromAddr.String()
-			// The kernel sends itself host-unreachable when the next hop never
-			// answered ARP/ND: that is silence on the wire.
-			if failed, hop := neighbourFailed(dst, s.Iface); failed {
-				r.Outcome = Dropped
-				r.Evidence = fmt.Sprintf("no ARP/ND reply from next hop %s", hop)
-				return
-			}
-			r.Outcome = Refused
-			r.Evidence = fmt.Sprintf("ICMP %v code %d from %s", m.Type, m.Code, fromAddr)
+		if e.judge(r, m, addrOf(from), iface, start) {
 			return
 		}
 	}
+}
+
+// judge records m in r if it answers our echo: a reply, or an error quoting
+// it. It reports whether m did.
+func (e *echoer) judge(r *Result, m *icmp.Message, from netip.Addr, iface string, start time.Time) bool {
+	switch m.Type {
+	case e.kinds.reply:
+		ech, ok := m.Body.(*icmp.Echo)
+		// Ping sockets rewrite the ID and demultiplex for us; raw ones see
+		// every reply on the box, so match ID, source and payload.
+		if !ok || string(ech.Data) != string(e.payload) || (e.raw && (ech.ID != e.id || from.WithZone("") != e.dst.WithZone(""))) {
+			return false
+		}
+		r.Outcome, r.RTT, r.Answer = Open, time.Since(start), from.String()
+		r.Evidence = fmt.Sprintf("echo reply seq %d", ech.Seq)
+		return true
+	case e.kinds.unreach, e.kinds.exceeded:
+		if !quotesOurEcho(quotedPacket(m), e.dst.Is6(), e.dst, e.id, e.raw) {
+			return false
+		}
+		r.RTT, r.Answer = time.Since(start), from.String()
+		// The kernel sends itself host-unreachable when the next hop never
+		// answered ARP/ND: that is silence on the wire.
+		if failed, hop := neighbourFailed(e.dst, iface); failed {
+			r.Outcome = Dropped
+			r.Evidence = fmt.Sprintf("no ARP/ND reply from next hop %s", hop)
+			return true
+		}
+		r.Outcome = Refused
+		r.Evidence = fmt.Sprintf("ICMP %v code %d from %s", m.Type, m.Code, from)
+		return true
+	}
+	return false
+}
+
+// quotedPacket returns the original packet an ICMP error quotes.
+func quotedPacket(m *icmp.Message) []byte {
+	switch b := m.Body.(type) {
+	case *icmp.DstUnreach:
+		return b.Data
+	case *icmp.TimeExceeded:
+		return b.Data
+	}
+	return nil
 }
 
 func addrOf(a net.Addr) netip.Addr {
