@@ -87,9 +87,25 @@ func GatherFacts(iface string) (*Facts, error) {
 	if cfg, err := dns.ClientConfigFromFile(ResolvConf); err == nil {
 		f.Nameservers = cfg.Servers
 	}
+	names, err := f.gatherInterfaces()
+	if err != nil {
+		return f, err
+	}
+	if err := f.gatherDefaultRoutes(names); err != nil {
+		return f, err
+	}
+	if len(f.Interfaces) == 0 {
+		return f, errors.New("no interfaces visible")
+	}
+	return f, nil
+}
+
+// gatherInterfaces fills in every interface and its addresses, and returns the
+// interface names by index (for the routes).
+func (f *Facts) gatherInterfaces() (map[int]string, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
-		return f, fmt.Errorf("listing interfaces: %w", err)
+		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
 	names := map[int]string{}
 	for _, l := range links {
@@ -101,37 +117,49 @@ func GatherFacts(iface string) (*Facts, error) {
 		}
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
-			return f, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
+			return nil, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
 		}
 		for _, ad := range addrs {
-			ip, ok := netip.AddrFromSlice(ad.IP)
-			if !ok {
-				continue
-			}
-			ones, _ := ad.Mask.Size()
-			cidr := netip.PrefixFrom(ip.Unmap(), ones).String()
-			fi.Addrs = append(fi.Addrs, cidr)
-			if ip.Unmap().Is4() {
-				if a.Name == iface {
-					f.IPv4 = append(f.IPv4, cidr)
-				}
-				continue
-			}
-			if ip.IsLoopback() {
-				continue
-			}
-			v6 := IPv6Addr{Iface: a.Name, Addr: cidr, Scope: v6Scope(ip), Flags: addrFlags(ad.Flags)}
-			if v6.Scope == "global" || v6.Scope == "ula" {
-				f.HasGlobalIPv6 = true
-			}
-			f.IPv6 = append(f.IPv6, v6)
+			f.recordAddr(&fi, ad)
 		}
 		f.Interfaces = append(f.Interfaces, fi)
 	}
+	return names, nil
+}
+
+// recordAddr records one address of interface fi: on fi, and as the lease (IPv4
+// on f.Iface) or an IPv6 address (any but loopback).
+func (f *Facts) recordAddr(fi *Iface, ad netlink.Addr) {
+	ip, ok := netip.AddrFromSlice(ad.IP)
+	if !ok {
+		return
+	}
+	ones, _ := ad.Mask.Size()
+	cidr := netip.PrefixFrom(ip.Unmap(), ones).String()
+	fi.Addrs = append(fi.Addrs, cidr)
+	if ip.Unmap().Is4() {
+		if fi.Name == f.Iface {
+			f.IPv4 = append(f.IPv4, cidr)
+		}
+		return
+	}
+	if ip.IsLoopback() {
+		return
+	}
+	v6 := IPv6Addr{Iface: fi.Name, Addr: cidr, Scope: v6Scope(ip), Flags: addrFlags(ad.Flags)}
+	if v6.Scope == "global" || v6.Scope == "ula" {
+		f.HasGlobalIPv6 = true
+	}
+	f.IPv6 = append(f.IPv6, v6)
+}
+
+// gatherDefaultRoutes fills in the unicast default routes of both families;
+// any IPv6 one counts as global IPv6.
+func (f *Facts) gatherDefaultRoutes(names map[int]string) error {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rs, err := netlink.RouteList(nil, fam)
 		if err != nil {
-			return f, fmt.Errorf("listing routes: %w", err)
+			return fmt.Errorf("listing routes: %w", err)
 		}
 		for _, rt := range rs {
 			if rt.Dst != nil {
@@ -153,10 +181,7 @@ func GatherFacts(iface string) (*Facts, error) {
 			f.DefaultRoutes = append(f.DefaultRoutes, dr)
 		}
 	}
-	if len(f.Interfaces) == 0 {
-		return f, errors.New("no interfaces visible")
-	}
-	return f, nil
+	return nil
 }
 
 func v6Scope(ip netip.Addr) string {
