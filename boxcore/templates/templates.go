@@ -395,6 +395,16 @@ type installData struct {
 	Record string
 }
 
+// NodeArches returns the npm registry's Node package suffix for each Debian architecture
+// the template pins, for the install script: "amd64" → "x64".
+func (n NodeRuntime) NodeArches() map[string]string {
+	m := map[string]string{}
+	for a := range n.SHA512 {
+		m[a] = nodeArch[a]
+	}
+	return m
+}
+
 // indent prefixes every line of s with n spaces (for YAML block scalars).
 func indent(n int, s string) string {
 	pad := strings.Repeat(" ", n)
