@@ -119,6 +119,10 @@ func exchangeDNS(ctx context.Context, m *dns.Msg, server, iface string) (*dns.Ms
 			break
 		}
 	}
+	if resp == nil && err == nil {
+		// No time was left to ask at all: as silent as a timeout, never a nil answer.
+		err = context.DeadlineExceeded
+	}
 	return resp, err
 }
 
