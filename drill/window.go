@@ -157,6 +157,8 @@ func (e *engine) settleAround(ctx context.Context, f func() error) error {
 		return err
 	}
 	defer w.Stop()
+	k := boxcore.LocalKernel()
+	before, _ := k.FindDNSMasq(e.o.Stack.Network)
 	if err := f(); err != nil {
 		return err
 	}
@@ -172,8 +174,20 @@ func (e *engine) settleAround(ctx context.Context, f func() error) error {
 	if e.settleWithin(ctx, w, settleMax).IsZero() {
 		return fmt.Errorf("the re-apply of %s did not settle within %s", e.o.Stack.Network, settleMax)
 	}
+	// Incus restarts dnsmasq with the new config late in a re-apply: boxes that take a lease
+	// before that get it from the old one (a name it should have ignored). Wait for a new
+	// dnsmasq; a change that does not restart it (an ACL) gives up after dnsmasqRestartWait.
+	for deadline := time.Now().Add(dnsmasqRestartWait); time.Now().Before(deadline) && ctx.Err() == nil; {
+		if now, ok := k.FindDNSMasq(e.o.Stack.Network); ok && now.PID != before.PID && e.dnsmasqAnswers(ctx) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return nil
 }
+
+// dnsmasqRestartWait bounds the wait for Incus to restart dnsmasq after a re-apply settled.
+const dnsmasqRestartWait = 3 * time.Second
 
 func (e *engine) settleWithin(ctx context.Context, w *firewall.Watcher, max time.Duration) time.Time {
 	deadline := time.Now().Add(max)
