@@ -191,21 +191,8 @@ func (h *hostListener) tcpFrom(ip net.IP) int {
 // the host sends into the box (PACKET_OUTGOING on the veth), fromBox the box's own.
 func captureDir(t *testing.T, iface string, send func()) (toBox, fromBox []string) {
 	t.Helper()
-	ifi, err := net.InterfaceByName(iface)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proto := uint16(unix.ETH_P_ALL)<<8 | uint16(unix.ETH_P_ALL)>>8
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fd := openCapture(t, iface)
 	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
-		t.Fatal(err)
-	}
-	tv := unix.Timeval{Usec: 100000}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	done := make(chan struct{})
 	go func() { send(); close(done) }()
 	to, from := map[string]bool{}, map[string]bool{}

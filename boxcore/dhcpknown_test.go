@@ -39,21 +39,8 @@ func (r dhcpReply) String() string {
 // DHCP replies whose transaction id is xid.
 func dhcpReplies(t *testing.T, bridge string, xid dhcpv4.TransactionID, waitFor time.Duration, send func()) []dhcpReply {
 	t.Helper()
-	ifi, err := net.InterfaceByName(bridge)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proto := uint16(unix.ETH_P_ALL)<<8 | uint16(unix.ETH_P_ALL)>>8
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fd := openCapture(t, bridge)
 	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
-		t.Fatal(err)
-	}
-	tv := unix.Timeval{Usec: 100000}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	done := make(chan struct{})
 	go func() { send(); close(done) }()
 	var out []dhcpReply

@@ -157,9 +157,9 @@ func rawsend(t *testing.T) string {
 	return rawsendOnce.path
 }
 
-// capture reads every frame an interface sees (both directions) while send runs, plus a
-// short tail, and returns the names of the markers it saw.
-func capture(t *testing.T, iface string, send func()) []string {
+// openCapture opens a raw socket seeing every frame of iface (both directions), with a
+// 100 ms read timeout so readers can watch a clock.
+func openCapture(t *testing.T, iface string) int {
 	t.Helper()
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
@@ -170,12 +170,21 @@ func capture(t *testing.T, iface string, send func()) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
+		unix.Close(fd)
 		t.Fatal(err)
 	}
 	tv := unix.Timeval{Usec: 100000}
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return fd
+}
+
+// capture reads every frame an interface sees (both directions) while send runs, plus a
+// short tail, and returns the names of the markers it saw.
+func capture(t *testing.T, iface string, send func()) []string {
+	t.Helper()
+	fd := openCapture(t, iface)
+	defer unix.Close(fd)
 	done := make(chan struct{})
 	go func() { send(); close(done) }()
 	seen := map[string]bool{}
