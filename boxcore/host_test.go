@@ -370,3 +370,28 @@ func resolve(t *testing.T, server, name string) int {
 	}
 	return r.Rcode
 }
+
+// host check prints its rows in the same order every time (it used to follow map order).
+func TestCheckOrderIsStable(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	s := teststack.New(t, c, "order")
+	h := boxcore.NewHost(c, s)
+	var first []string
+	for i := 0; i < 5; i++ {
+		r, err := h.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows []string
+		for _, row := range r.Rows {
+			rows = append(rows, row.Layer+" / "+row.Item)
+		}
+		if i == 0 {
+			first = rows
+			continue
+		}
+		if strings.Join(rows, "\n") != strings.Join(first, "\n") {
+			t.Fatalf("check %d lists its rows in another order:\n%s\nwas:\n%s", i, strings.Join(rows, "\n"), strings.Join(first, "\n"))
+		}
+	}
+}
