@@ -213,6 +213,10 @@ func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(conte
 	var errs []error
 	if restoreLayers != nil {
 		errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) }))
+		// Until every switched layer reads back on (dnsmasq restarted with its options, the
+		// ports isolated), a fresh box could take a lease from the old dnsmasq and keep a
+		// name it should never have had.
+		errs = append(errs, e.waitLayersOn(ctx, h.Off))
 	}
 	if _, err := firewall.ForgetFlows(e.boxPrefixes()); err != nil {
 		errs = append(errs, err)
@@ -232,6 +236,37 @@ func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(conte
 	}
 	return errors.Join(errs...)
 }
+
+// waitLayersOn waits (up to restoreWait) until boxcore reads every one of layers back as on.
+func (e *engine) waitLayersOn(ctx context.Context, layers []Layer) error {
+	deadline := time.Now().Add(restoreWait)
+	var off []string
+	for {
+		states, err := e.host.ReadLayers(ctx, e.boxNames())
+		if err != nil {
+			return err
+		}
+		off = off[:0]
+		for _, st := range states {
+			if slices.Contains(layers, st.Layer) && !st.On {
+				off = append(off, string(st.Layer)+" ("+st.What+")")
+			}
+		}
+		if len(off) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("still off %s after the restore: %s", restoreWait, strings.Join(off, "; "))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// restoreWait bounds waitLayersOn.
+const restoreWait = 20 * time.Second
 
 // checkRestored: after a hole, host check must pass; its drift is the restore's error text.
 func (e *engine) checkRestored(ctx context.Context, hr *HoleResult) {
