@@ -191,53 +191,15 @@ func (h *hostListener) tcpFrom(ip net.IP) int {
 // the host sends into the box (PACKET_OUTGOING on the veth), fromBox the box's own.
 func captureDir(t *testing.T, iface string, send func()) (toBox, fromBox []string) {
 	t.Helper()
-	fd := openCapture(t, iface)
-	defer unix.Close(fd)
-	done := make(chan struct{})
-	go func() { send(); close(done) }()
 	to, from := map[string]bool{}, map[string]bool{}
-	var tail time.Time
-	buf := make([]byte, 65536)
-	for {
-		select {
-		case <-done:
-			if tail.IsZero() {
-				tail = time.Now().Add(time.Second)
-			}
-		default:
-		}
-		if !tail.IsZero() && time.Now().After(tail) {
-			break
-		}
-		n, sa, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			continue
-		}
-		ll, _ := sa.(*unix.SockaddrLinklayer)
-		m := from
+	captureWhile(t, iface, time.Second, send, func(f []byte, ll *unix.SockaddrLinklayer) {
 		if ll != nil && ll.Pkttype == unix.PACKET_OUTGOING {
-			m = to
+			markersIn(f, to)
+		} else {
+			markersIn(f, from)
 		}
-		for rest := buf[:n]; ; {
-			i := strings.Index(string(rest), "cbxmark:")
-			if i < 0 {
-				break
-			}
-			rest = rest[i+8:]
-			if j := strings.IndexByte(string(rest), ':'); j > 0 {
-				m[string(rest[:j])] = true
-			}
-		}
-	}
-	keys := func(m map[string]bool) []string {
-		var out []string
-		for k := range m {
-			out = append(out, k)
-		}
-		slices.Sort(out)
-		return out
-	}
-	return keys(to), keys(from)
+	})
+	return sortedSet(to), sortedSet(from)
 }
 
 type atkFixture struct {

@@ -39,40 +39,22 @@ func (r dhcpReply) String() string {
 // DHCP replies whose transaction id is xid.
 func dhcpReplies(t *testing.T, bridge string, xid dhcpv4.TransactionID, waitFor time.Duration, send func()) []dhcpReply {
 	t.Helper()
-	fd := openCapture(t, bridge)
-	defer unix.Close(fd)
-	done := make(chan struct{})
-	go func() { send(); close(done) }()
 	var out []dhcpReply
-	var until time.Time
-	buf := make([]byte, 65536)
-	for until.IsZero() || time.Now().Before(until) {
-		select {
-		case <-done:
-			if until.IsZero() {
-				until = time.Now().Add(waitFor)
-			}
-		default:
-		}
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil || n < 14+20+8 {
-			continue
-		}
-		f := buf[:n]
-		if binary.BigEndian.Uint16(f[12:]) != 0x0800 || f[14+9] != 17 {
-			continue
+	captureWhile(t, bridge, waitFor, send, func(f []byte, _ *unix.SockaddrLinklayer) {
+		if len(f) < 14+20+8 || binary.BigEndian.Uint16(f[12:]) != 0x0800 || f[14+9] != 17 {
+			return
 		}
 		ihl := int(f[14]&0x0f) * 4
 		udp := f[14+ihl:]
 		if len(udp) < 8 || binary.BigEndian.Uint16(udp[0:]) != 67 || binary.BigEndian.Uint16(udp[2:]) != 68 {
-			continue
+			return
 		}
 		m, err := dhcpv4.FromBytes(udp[8:])
 		if err != nil || m.OpCode != dhcpv4.OpcodeBootReply || m.TransactionID != xid {
-			continue
+			return
 		}
 		out = append(out, dhcpReply{m.MessageType().String(), m.YourIPAddr.String(), m.ClientHWAddr.String(), m.Message()})
-	}
+	})
 	return out
 }
 

@@ -183,41 +183,55 @@ func openCapture(t *testing.T, iface string) int {
 // short tail, and returns the names of the markers it saw.
 func capture(t *testing.T, iface string, send func()) []string {
 	t.Helper()
+	seen := map[string]bool{}
+	captureWhile(t, iface, time.Second, send, func(f []byte, _ *unix.SockaddrLinklayer) { markersIn(f, seen) })
+	return sortedSet(seen)
+}
+
+// captureWhile hands every frame iface sees (both directions) to each while send runs, and
+// for tail after it.
+func captureWhile(t *testing.T, iface string, tail time.Duration, send func(), each func(frame []byte, ll *unix.SockaddrLinklayer)) {
+	t.Helper()
 	fd := openCapture(t, iface)
 	defer unix.Close(fd)
 	done := make(chan struct{})
 	go func() { send(); close(done) }()
-	seen := map[string]bool{}
-	var tail time.Time
+	var until time.Time
 	buf := make([]byte, 65536)
-	for {
+	for until.IsZero() || time.Now().Before(until) {
 		select {
 		case <-done:
-			if tail.IsZero() {
-				tail = time.Now().Add(time.Second)
+			if until.IsZero() {
+				until = time.Now().Add(tail)
 			}
 		default:
 		}
-		if !tail.IsZero() && time.Now().After(tail) {
-			break
-		}
-		n, _, err := unix.Recvfrom(fd, buf, 0)
+		n, sa, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
 			continue
 		}
-		for rest := buf[:n]; ; {
-			i := bytes.Index(rest, []byte("cbxmark:"))
-			if i < 0 {
-				break
-			}
-			rest = rest[i+8:]
-			if j := bytes.IndexByte(rest, ':'); j > 0 {
-				seen[string(rest[:j])] = true
-			}
+		ll, _ := sa.(*unix.SockaddrLinklayer)
+		each(buf[:n], ll)
+	}
+}
+
+// markersIn adds the names of the "cbxmark:NAME:" markers in frame to seen.
+func markersIn(frame []byte, seen map[string]bool) {
+	for rest := frame; ; {
+		i := bytes.Index(rest, []byte("cbxmark:"))
+		if i < 0 {
+			return
+		}
+		rest = rest[i+8:]
+		if j := bytes.IndexByte(rest, ':'); j > 0 {
+			seen[string(rest[:j])] = true
 		}
 	}
+}
+
+func sortedSet(m map[string]bool) []string {
 	var out []string
-	for k := range seen {
+	for k := range m {
 		out = append(out, k)
 	}
 	slices.Sort(out)
