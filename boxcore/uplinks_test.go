@@ -16,17 +16,8 @@ func TestOtherRoutes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	name := "cbtdum" + randomToken()[:6]
-	// A veth pair (this kernel has no dummy driver), both ends here.
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if l, err := netlink.LinkByName(name); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	}()
-	l, _ := netlink.LinkByName(name)
+	l, _ := testVeth(t, "cbtdum")
+	name := l.Attrs().Name
 	if err := netlink.LinkSetUp(l); err != nil {
 		t.Fatal(err)
 	}
@@ -48,4 +39,22 @@ func TestOtherRoutes(t *testing.T) {
 	if got := otherRoutes("claudenet", []string{"eth0", name}, blocked); slices.Contains(got, netip.MustParsePrefix("198.51.100.0/26")) {
 		t.Errorf("an admitted uplink's routes count as another network: %v", got)
 	}
+}
+
+// testVeth makes a veth pair with both ends in this namespace (this kernel has no dummy
+// driver), removed when the test ends: a link to nowhere for routes that are never used.
+func testVeth(t *testing.T, prefix string) (link, peer netlink.Link) {
+	t.Helper()
+	name := prefix + randomToken()[:6]
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	link, _ = netlink.LinkByName(name)
+	peer, _ = netlink.LinkByName(name + "p")
+	return link, peer
 }

@@ -17,17 +17,8 @@ func TestUplinkSubnets(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	name := "cbtup" + randomToken()[:6]
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if l, err := netlink.LinkByName(name); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	}()
-	l, _ := netlink.LinkByName(name)
-	peer, _ := netlink.LinkByName(name + "p")
+	l, peer := testVeth(t, "cbtup")
+	name := l.Attrs().Name
 	// Documentation ranges on a link to nowhere (the peer stays here, up): nothing is sent.
 	a, _ := netlink.ParseAddr("198.51.100.249/30")
 	if err := netlink.AddrAdd(l, a); err != nil {
