@@ -9,7 +9,9 @@
 //	                                  (nft's "filter" for bridge), policy accept
 //	table inet   claudebox_<B>_guard  chain forward: hook forward, priority -1 ("filter - 1")
 //	                                  chain input:   hook input,   priority -1 ("filter - 1")
-//	                                  both policy accept
+//	                                  chain output:  hook output,  priority -1
+//	                                  chain inbound: hook forward, priority -1
+//	                                  all policy accept
 //	table inet   claudebox_<B>_wall   the wall: claudebox's own complete inet
 //	                                  layer (see wall.go), holding every claim
 //	                                  by itself while Incus re-applies its own
@@ -36,6 +38,12 @@
 // accepts DHCP/DNS/ICMP errors for its bridges in chains in.B/fwd.B/out.B; an
 // accept in one base chain does not stop a drop in another, so the guard
 // accepts those itself, and runs just before Incus's chains (-1).
+//
+// Into a box, guard output and inbound chains: no new flow from the host (but
+// dnsmasq's DHCP replies) and no new routed flow into B. The wall says the same;
+// the guard's copy sits in another table, so a flow into a box is never created
+// while either is there (the bridge table's L2 drops come after the IP stack
+// confirmed the flow in conntrack).
 //
 // ICMP to the host (echo to the gateway included) is dropped: the contract is
 // "box→host dropped", boxes need no ping to the gateway, and ICMP errors about
@@ -199,11 +207,15 @@ const (
 // Chain names and priorities. The bridge family's "filter" priority is -200
 // (NF_BR_PRI_FILTER_BRIDGED); Incus's inet input chains sit at 0.
 const (
-	ForwardChain     = "forward"
-	InputChain       = "input"
-	BridgeFwdPrio    = -200
-	GuardInputPrio   = -1
-	GuardFwdPrio     = -1
+	ForwardChain   = "forward"
+	InputChain     = "input"
+	BridgeFwdPrio  = -200
+	GuardInputPrio = -1
+	GuardFwdPrio   = -1
+	GuardOutPrio   = -1
+	// InboundChain is the guard's second forward chain: no new flow into a box. A chain of
+	// its own so the host-input-guard part switches off without the box→box forward drop.
+	InboundChain     = "inbound"
 	guardTableSuffix = "_guard"
 	tablePrefix      = "claudebox_"
 )
@@ -257,6 +269,8 @@ func DesiredChains(s Spec) []Chain {
 	return append(append(out,
 		Chain{Table: gt, Family: FamilyInet, Name: ForwardChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
 		Chain{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
+		Chain{Table: gt, Family: FamilyInet, Name: OutputChain, Type: "filter", Hook: "output", Priority: GuardOutPrio, Policy: "accept"},
+		Chain{Table: gt, Family: FamilyInet, Name: InboundChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
 	), wallChains(s)...)
 }
 
@@ -314,12 +328,24 @@ func Desired(s Spec) []Rule {
 			cat(ip4Daddr(net.IPv4bcast.To4()), l4Dport(ipprotoUDP, 67), accept)...),
 		in("box→host: everything else from the bridge, every family and protocol (ICMP too)",
 			verdict(expr.VerdictDrop)),
+		guardInto(s.Bridge, OutputChain, "host→box: no new flow but dnsmasq's DHCP replies (udp from port 67)",
+			ctStateNew(), l4proto(expr.CmpOpNeq, ipprotoUDP), drop),
+		guardInto(s.Bridge, OutputChain, "host→box: no new udp flow but dnsmasq's DHCP replies",
+			ctStateNew(), l4proto(expr.CmpOpEq, ipprotoUDP), thPort(0, expr.CmpOpNeq, 67), drop),
+		guardInto(s.Bridge, InboundChain, "nothing routed opens a new flow into a box", ctStateNew(), drop),
 	)
 	rules = append(rules, wallRules(s)...)
 	for i := range rules {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
 	}
 	return rules
+}
+
+// guardInto is a guard rule on packets leaving by the bridge (oifname B).
+func guardInto(bridge, chain, why string, ex ...[]expr.Any) Rule {
+	_, gt := TableNames(bridge)
+	return Rule{Table: gt, Family: FamilyInet, Chain: chain, Why: why,
+		exprs: cat(append([][]expr.Any{ifname(expr.MetaKeyOIFNAME, bridge)}, ex...)...)}
 }
 
 const (

@@ -71,6 +71,9 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard input: iifname "claudenet" meta nfproto ipv4 ip daddr 10.77.12.1 meta l4proto udp th dport 67 accept`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" meta nfproto ipv4 ip daddr 255.255.255.255 meta l4proto udp th dport 67 accept`,
 		`inet claudebox_claudenet_guard input: iifname "claudenet" drop`,
+		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto != udp drop`,
+		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
+		`inet claudebox_claudenet_guard inbound: oifname "claudenet" ct state new drop`,
 	}
 	gw := net.ParseIP("10.77.12.1")
 	up := []string{"eth0"}
@@ -130,6 +133,8 @@ func TestDesiredGolden(t *testing.T) {
 		"bridge claudebox_claudenet output: type filter hook output priority -200 policy accept",
 		"inet claudebox_claudenet_guard forward: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
+		"inet claudebox_claudenet_guard output: type filter hook output priority -1 policy accept",
+		"inet claudebox_claudenet_guard inbound: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_wall prerouting: type filter hook prerouting priority -300 policy accept",
 		"inet claudebox_claudenet_wall forward: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_wall output: type filter hook output priority -1 policy accept",

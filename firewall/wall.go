@@ -69,7 +69,7 @@ type Part string
 
 const (
 	PartBridge Part = "bridge" // table bridge claudebox_<B>: box→box frames
-	PartGuard  Part = "guard"  // chain input of inet claudebox_<B>_guard: box→host
+	PartGuard  Part = "guard"  // chains input, output, inbound of inet claudebox_<B>_guard: box→host, nothing new into a box
 	PartWall   Part = "wall"   // table inet claudebox_<B>_wall: the complete inet layer
 )
 
@@ -92,7 +92,7 @@ func RemovePart(s Spec, p Part) error {
 	case PartL2Ranges:
 		return removeChains(bt, FamilyBridge, InputChain, OutputChain)
 	case PartGuard:
-		return removeChains(gt, FamilyInet, InputChain)
+		return removeChains(gt, FamilyInet, InputChain, OutputChain, InboundChain)
 	case PartWall:
 		cc, err := nftables.New()
 		if err != nil {
@@ -133,7 +133,8 @@ func (o Observed) PartPresent(p Part) bool {
 		case p == PartL2Ranges && t.Name == bt && t.Family == FamilyBridge:
 			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil
 		case p == PartGuard && t.Name == gt && t.Family == FamilyInet:
-			return t.Present && findChain(t.Chains, InputChain) != nil
+			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil &&
+				findChain(t.Chains, InboundChain) != nil
 		case p == PartWall && t.Name == WallTableName(o.Bridge) && t.Family == FamilyInet:
 			return t.Present && len(t.Chains) > 0
 		}

@@ -3,6 +3,7 @@ package firewall
 import (
 	"context"
 	"net"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -117,6 +118,9 @@ func TestRemovePart(t *testing.T) {
 		if p == PartL2Ranges && len(d) == 2 && d[1].What == "chain bridge "+bt+" output" {
 			d = d[:1]
 		}
+		if p == PartGuard && len(d) == 3 && d[1].What == "chain inet "+gt+" output" && d[2].What == "chain inet "+gt+" inbound" {
+			d = d[:1]
+		}
 		if len(d) != 1 || d[0].What != wantDrift[p] || d[0].Actual != absent {
 			t.Errorf("RemovePart(%s): drift %v, want only %s absent", p, d, wantDrift[p])
 		}
@@ -228,5 +232,52 @@ func TestWallKeepsDHCPAndDNS(t *testing.T) {
 				t.Errorf("%s: DNS over %s: %v %v, want [%s]", phase, network, addrs, err, wlPublic)
 			}
 		}
+	}
+}
+
+// The guard's output and inbound chains keep a new flow out of a box by themselves: with the
+// wall and the L2 ranges gone, host→box and WAN→box connects fail and conntrack holds no
+// flow into the box (the L2 drop comes after the IP stack confirmed one); with the guard
+// gone too, both connect (the positive control: this test can fail).
+func TestGuardKeepsNewFlowsOutOfBoxes(t *testing.T) {
+	t.Parallel()
+	l := newWallLab(t)
+	s := l.spec()
+	listenTCP(t, l.box, hostPort(wlBox, 7100))
+	box := []netip.Prefix{netip.MustParsePrefix(wlBox + "/32")}
+	flowsIn := func() int {
+		var n int
+		must(t, inNS(l.host, func() error {
+			fs, err := FlowsBetween([]netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, box)
+			n = len(fs)
+			return err
+		}))
+		return n
+	}
+	for _, c := range []struct {
+		off  []Part
+		want string
+	}{
+		{[]Part{PartWall, PartL2Ranges}, dropped},
+		{[]Part{PartWall, PartL2Ranges, PartGuard}, open},
+	} {
+		if _, err := Apply(s); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range c.off {
+			must(t, RemovePart(s, p))
+		}
+		l.flushConntrack(t)
+		for name, ns := range map[string]netns.NsHandle{"host": l.host, "wan": l.wan} {
+			if got := tcpProbe(ns, hostPort(wlBox, 7100)); got != c.want {
+				t.Errorf("%v off: %s→box tcp = %s, want %s", c.off, name, got, c.want)
+			}
+		}
+		if n := flowsIn(); c.want == dropped && n != 0 {
+			t.Errorf("%v off: %d flow(s) into the box in conntrack", c.off, n)
+		}
+	}
+	if _, err := Apply(s); err != nil {
+		t.Fatal(err)
 	}
 }
