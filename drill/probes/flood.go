@@ -66,6 +66,26 @@ func probeFlood(ctx context.Context, s Spec, r *Result) {
 
 	floodCtx, stop := context.WithTimeout(ctx, fl.Duration.D())
 	defer stop()
+	tail := ctx
+	if ch, ok := ctx.Value(floodStopKey{}).(<-chan struct{}); ok {
+		// A detached run (the soak) ends its floods when told, then waits stoppedTail for
+		// late echoes instead of the rest of its timeout.
+		tailCtx, endTail := context.WithCancel(ctx)
+		defer endTail()
+		tail = tailCtx
+		go func() {
+			select {
+			case <-ch:
+				stop()
+				select {
+				case <-time.After(stoppedTail):
+					endTail()
+				case <-tailCtx.Done():
+				}
+			case <-floodCtx.Done():
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	start := time.Now()
 	if len(udp) > 0 {
@@ -74,14 +94,25 @@ func probeFlood(ctx context.Context, s Spec, r *Result) {
 	}
 	if len(tcp) > 0 {
 		wg.Add(1)
-		go func() { defer wg.Done(); f.connectTCP(floodCtx, ctx, tcp) }()
+		go func() { defer wg.Done(); f.connectTCP(floodCtx, tail, tcp) }()
 	}
 	wg.Wait()
 	// Late echoes: wait out the probe's tail (its deadline ends it).
-	<-ctx.Done()
+	<-tail.Done()
 	_ = pc.Close()
 	<-readerDone
 	f.verdict(r, time.Since(start))
+}
+
+type floodStopKey struct{}
+
+// stoppedTail is how long a stopped flood still reads late echoes.
+const stoppedTail = 500 * time.Millisecond
+
+// WithFloodStop makes every flood run under ctx end early when stop closes (the probe's
+// tail for late echoes still runs): a detached run's floods last until it is told to stop.
+func WithFloodStop(ctx context.Context, stop <-chan struct{}) context.Context {
+	return context.WithValue(ctx, floodStopKey{}, stop)
 }
 
 func unmapAP(ap netip.AddrPort) netip.AddrPort {

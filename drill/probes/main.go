@@ -31,6 +31,11 @@ const usage = `usage: claudebox probe <sub-command> [args]
   run [JSON]             run probes: JSON is one Spec or an array of Specs, from the
                          argument or stdin; prints a JSON array of Results (exit 0
                          whatever the outcomes: they are data)
+  run --detach F [JSON]  run them in the background, detached from the caller (it may be
+                         gone when they end: an incusd restart ends every exec); the
+                         Results go to F once done
+  collect F              end a detached run's floods (their tails still run), wait for
+                         it and print its Results
   facts [--iface eth0]   print the box's Facts as JSON
   hits [--file F]        print the listeners' hits as a JSON array (default ` + DefaultHitsFile + `)
   status [--file F]      print PID-1 mode's status file (default ` + DefaultStatusFile + `)
@@ -51,7 +56,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	sub, rest := args[0], args[1:]
 	switch sub {
 	case "run":
+		if len(rest) > 0 && rest[0] == "--detach" {
+			return mainDetach(rest[1:], stderr)
+		}
 		return mainRun(rest, stdout, stderr)
+	case "collect":
+		if len(rest) != 1 {
+			fmt.Fprintln(stderr, "probe collect: want the detached run's results file")
+			return ExitUsage
+		}
+		return mainCollect(rest[0], stdout, stderr)
 	case "facts":
 		fs := newFlags("facts", stderr)
 		iface := fs.String("iface", DefaultIface, "interface holding the lease")

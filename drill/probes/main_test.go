@@ -2,8 +2,10 @@ package probes
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func runMain(t *testing.T, stdin string, args ...string) (int, string, string) {
@@ -78,5 +80,40 @@ func TestMainFactsAndStatus(t *testing.T) {
 	}
 	if code, out, _ := runMain(t, "", "help"); code != ExitOK || !strings.Contains(out, "probe") {
 		t.Errorf("help: %d", code)
+	}
+}
+
+// A detached run outlives its caller and floods until collect ends it; collect prints its
+// Results once the floods' tails are done.
+func TestDetachedRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "soak.json")
+	spec := `[{"id":"f","kind":"flood","target":"198.18.0.2","timeout":"61s","flood":{"duration":"60s","udp":["198.18.0.2:7002"],"tcp":["198.18.0.2:7001","198.18.0.3:7001"]}}]`
+	start := time.Now()
+	if code, _, errs := runMain(t, "", "run", "--detach", out, spec); code != ExitOK {
+		t.Fatalf("detach: exit %d: %s", code, errs)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("detach returned after %s: it must not wait for the run", time.Since(start))
+	}
+	time.Sleep(500 * time.Millisecond)
+	code, stdout, errs := runMain(t, "", "collect", out)
+	if code != ExitOK {
+		t.Fatalf("collect: exit %d: %s", code, errs)
+	}
+	var rs []Result
+	if err := json.Unmarshal([]byte(stdout), &rs); err != nil || len(rs) != 1 {
+		t.Fatalf("%v %s", err, stdout)
+	}
+	if rs[0].Outcome != Open || rs[0].Counts == nil || rs[0].Counts.Sent < 100 {
+		t.Errorf("the flood ran and was echoed: %+v", rs[0])
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("collect ended the 60s flood only after %s", took)
+	}
+	if code, _, errs := runMain(t, "", "collect", filepath.Join(t.TempDir(), "none.json")); code != ExitError || !strings.Contains(errs, "no results") {
+		t.Errorf("collect of nothing: exit %d %s", code, errs)
+	}
+	if code, _, _ := runMain(t, "", "run", "--detach"); code != ExitUsage {
+		t.Errorf("detach without a file: exit %d", code)
 	}
 }

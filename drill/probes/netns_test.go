@@ -45,6 +45,10 @@ var topo struct {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(detachedChild) == "1" && len(os.Args) > 1 && os.Args[1] == "probe" {
+		// A detached run re-executes its binary: here, this test binary (TestDetachedRun).
+		os.Exit(Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if os.Getenv(reexecEnv) != "1" {
 		if os.Geteuid() != 0 {
 			fmt.Println("drill/probes: tests need root (network namespaces); skipping")
