@@ -24,7 +24,7 @@ const (
 	LayerNoIdent      Layer = "no-ident"          // dnsmasq does not answer CHAOS servers.bind/version.bind
 	LayerDHCPKnown    Layer = "dhcp-known-only"   // dnsmasq answers DHCP only for MACs with a dhcp-host entry
 	LayerACL          Layer = "acl"               // the Incus network ACL, as its rules are in the kernel
-	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input chain
+	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input, output, inbound: box→host, nothing new into a box
 	LayerWall         Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
 	LayerNICFiltering Layer = "nic-filtering"     // security.mac/ipv4/ipv6_filtering on the box NIC
 	LayerIPv6Off      Layer = "ipv6.address=none" // no IPv6 on the bridge
@@ -106,7 +106,7 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	add(LayerACL, st.Network != nil && cfg["security.acls"] != "" && len(aclDrift) == 0,
 		"security.acls=%q default ingress=%s egress=%s; kernel: %s", cfg["security.acls"],
 		cfg["security.acls.default.ingress.action"], cfg["security.acls.default.egress.action"], driftSummary(aclDrift))
-	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chain input %s", gt, presence(st.Tables.GuardInput))
+	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chains input, output, inbound %s", gt, presence(st.Tables.GuardInput))
 	add(LayerWall, st.Tables.WallOn, "table inet %s: %s", st.Tables.Wall, presence(st.Tables.WallOn))
 	add(LayerNICFiltering, len(notFilt) == 0, "filtered: [%s] not filtered: [%s]", strings.Join(filt, " "), strings.Join(notFilt, " "))
 	add(LayerIPv6Off, st.IPv6Disabled && cfg["ipv6.address"] == "none", "ipv6.address=%s, %s disable_ipv6=%v", cfg["ipv6.address"], st.Stack.Network, st.IPv6Disabled)

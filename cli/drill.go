@@ -14,7 +14,7 @@ import (
 func drillCommands() []Command {
 	return []Command{{
 		Name:     "drill",
-		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--json] [--keep] [--cleanup] [--self-test --yes]",
+		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--json] [--keep] [--cleanup] [--self-test --yes] [--soak N --yes]",
 		Summary:  "prove the isolation: real boxes, probes, decoy hosts, positive controls (and seeded holes with --self-test)",
 		Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
 		Flags: []cli.Flag{
@@ -28,7 +28,8 @@ func drillCommands() []Command {
 			&cli.BoolFlag{Name: "cleanup", Usage: "only remove what dead drill runs left behind, then exit"},
 			&cli.BoolFlag{Name: "self-test", Usage: "after the matrix, seed a hole per layer (CHANGES THE HOST STACK, restores it; needs --yes)"},
 			&cli.StringSliceFlag{Name: "hole", Usage: "with --self-test: only this seeded hole (repeatable)"},
-			&cli.BoolFlag{Name: "yes", Usage: "confirm --self-test"},
+			&cli.IntFlag{Name: "soak", Usage: "also soak: N re-applies, an incusd restart (instances keep running) and a host init drift repair under one flood (RESTARTS INCUSD; needs --yes)"},
+			&cli.BoolFlag{Name: "yes", Usage: "confirm --self-test or --soak"},
 			&cli.DurationFlag{Name: "timeout", Value: 1500 * time.Millisecond, Usage: "the probes' shared timeout window"},
 		},
 		Action: runDrill,
@@ -56,6 +57,12 @@ func runDrill(c *Ctx) error {
 	if c.Bool("self-test") && !c.Bool("yes") {
 		return boxcore.Usagef("drill --self-test switches each isolation layer off in turn on this host (and restores it): pass --yes to go ahead")
 	}
+	if c.Int("soak") < 0 {
+		return boxcore.Usagef("drill: --soak takes a number of re-applies, 0 or more (20 is the contract's)")
+	}
+	if c.Int("soak") > 0 && !c.Bool("yes") {
+		return boxcore.Usagef("drill --soak restarts incusd (instances keep running) and detaches the ACL for a host init to repair: pass --yes to go ahead")
+	}
 	if c.Int("boxes") < 2 {
 		return boxcore.Usagef("drill: --boxes must be at least 2")
 	}
@@ -66,7 +73,7 @@ func runDrill(c *Ctx) error {
 	rep, err := drill.Run(ctx, drill.Options{
 		Client: c.Client, Stack: c.Env.Stack, Boxes: c.Int("boxes"), VM: c.Bool("vm"), Image: c.String("image"),
 		Binary: bin, Keep: c.Bool("keep"), Version: Version, Progress: c.Env.Stderr, Timeout: c.Duration("timeout"),
-		SelfTest: c.Bool("self-test"), Holes: c.StringSlice("hole"),
+		SelfTest: c.Bool("self-test"), Holes: c.StringSlice("hole"), Soak: c.Int("soak"),
 	})
 	if rep == nil {
 		return err

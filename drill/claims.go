@@ -96,6 +96,7 @@ const (
 	ClaimIPv6       = "IPv6"
 	ClaimHostBox    = "host→box"
 	ClaimWindow     = "every second (Incus re-apply)"
+	ClaimSoak       = "every second, soaked (re-applies, incusd restart, drift repair)"
 	ClaimSpoof      = "no spoofing"
 	ClaimFrames     = "odd frames"
 	ClaimResolver   = "resolver says nothing about itself"
@@ -105,4 +106,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimInternet, ClaimControl}

@@ -49,6 +49,9 @@ type Options struct {
 	SelfTest bool
 	// Holes limits the self-test to these seeded holes (nil: all).
 	Holes []string
+	// Soak adds the soak to the first matrix: this many re-applies, then an incusd restart
+	// and a host init drift repair, under one flood from every box (0: no soak).
+	Soak int
 	// Pause, for tests: the phase to stop at forever ("decoy-up", "minting", "probing").
 	Pause string
 }
@@ -275,6 +278,9 @@ func (e *engine) topology() *Topology {
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
 	}
 	t.Round = e.rounds
+	if e.rounds <= 1 {
+		t.Soak = e.o.Soak // the first matrix only: the seeded holes do not soak
+	}
 	return t
 }
 

@@ -160,6 +160,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	e.spoofPhase(ctx, phase[WindowSpoof])
 	<-dhcpDone
 	e.leasesIntact(ctx, phase[WindowLeases])
+	e.soak(ctx, phase[WindowSoak])
 	hits := e.allHits(ctx)
 	heard(m.Rows, hits, t)
 	Judge(m.Rows)

@@ -80,6 +80,8 @@ type Topology struct {
 	// Round numbers the matrices of a run: markers differ per round, so what a listener
 	// heard in an earlier matrix (a seeded hole) is never taken for this one's.
 	Round int
+	// Soak is how many re-applies the soak runs (0: no soak rows).
+	Soak int
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.
@@ -250,6 +252,7 @@ const (
 	WindowSpoof   = "spoof"   // after the shared batch: a spoof that works disturbs its victim
 	WindowDHCP    = "dhcp"    // once dnsmasq is back from the re-apply, beside everything else
 	WindowLeases  = "leases"  // read from dnsmasq once the DHCP rows are done
+	WindowSoak    = "soak"    // --soak: many re-applies, an incusd restart and a drift repair under one flood
 )
 
 // Kinds the lab observes itself.
@@ -258,6 +261,7 @@ const (
 	KindLabConntrackOut = "lab-conntrack-out" // conntrack holds a flow from a box to a blocked decoy
 	KindLabConntrackIn  = "lab-conntrack-in"  // conntrack holds a flow into a box from the host or the decoy
 	KindLabLeaseIntact  = "lab-lease-intact"  // dnsmasq lost a box's lease (after a sibling's spoofed release)
+	KindLabSoak         = "lab-soak"          // the soak's re-applies, restart and repair all happened inside the flood
 )
 
 func (t *Topology) publicEnd() Endpoint {

@@ -21,6 +21,7 @@ func testTopology() *Topology {
 		return b
 	}
 	return &Topology{
+		Soak: 20,
 		Boxes:   []*Box{box("a", "10.87.0.10", "fe80::a"), box("b", "10.87.0.11", "fe80::b"), box("c", "10.87.0.12", "")},
 		Gateway: netip.MustParsePrefix("10.87.0.1/24"), Domain: "incus",
 		HostAddrs: []netip.Addr{netip.MustParseAddr("10.87.0.1"), netip.MustParseAddr("192.0.2.5")},
@@ -74,6 +75,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"host-names/dns": 6, "box-host/gateway-tcp": 3, "box-host/gateway-udp": 3, "box-host/addr-tcp": 3, "box-host/addr-udp": 3,
 		"lan/tcp": 3, "lan/udp": 3, "lan/icmp": 3, "cgnat/tcp": 9, "cgnat/udp": 6, "cgnat/icmp": 6,
 		"ipv6/facts": 3, "host-box/tcp": 3, "host-box/udp": 3,
+		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
 	}
 	got := byRow(plan(t))
 	for _, r := range Claims {
@@ -84,6 +86,26 @@ func TestEveryRowPlans(t *testing.T) {
 	for k, n := range want {
 		if len(got[k]) != n {
 			t.Errorf("row %s: %d cases, want %d", k, len(got[k]), n)
+		}
+	}
+}
+
+// Without --soak the soak rows plan nothing (and the seeded holes' matrices never soak).
+func TestSoakRowsOnlyWhenSoaking(t *testing.T) {
+	top := testTopology()
+	top.Soak = 0
+	cases, err := Plan(Claims, top, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		if c.Window == WindowSoak {
+			t.Errorf("%s planned without --soak", c.ID)
+		}
+	}
+	for _, c := range plan(t) {
+		if c.Window == WindowSoak && c.Probe.Flood != nil && c.Probe.Flood.Duration.D() < time.Minute {
+			t.Errorf("%s: a soak flood of %s cannot outlast the soak", c.ID, c.Probe.Flood.Duration.D())
 		}
 	}
 }
@@ -299,7 +321,6 @@ var singleLayerRows = map[string]Layer{
 	"resolver/version.bind":          LayerNoIdent,
 	"spoof/mac":                      LayerPortBinding,
 	"dhcp/release-intact":            LayerPortBinding,
-	"window/conntrack-in":            LayerWall,
 }
 
 // A single layer off opens only the rows listed above; every negative row opens in at least
@@ -362,8 +383,11 @@ func TestHoleAttribution(t *testing.T) {
 	if hr := judge(acl, func(r *Row) bool { return exact(r) || r.Claim == ClaimBoxBox }); hr.OK || len(hr.Unexpected) == 0 {
 		t.Error("a red row the layers do not hold alone must make the hole not as attributed")
 	}
-	wall := []Layer{LayerWall}
-	if hr := judge(wall, func(r *Row) bool { return r.Row == "window/conntrack-in" }); !hr.OK {
-		t.Errorf("the wall alone opens exactly its single-layer row: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
+	noHosts := []Layer{LayerNoHosts}
+	if hr := judge(noHosts, func(r *Row) bool { return r.Row == "host-names/dns" }); !hr.OK {
+		t.Errorf("no-hosts alone opens exactly its single-layer row: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
+	}
+	if hr := judge([]Layer{LayerWall}, func(r *Row) bool { return r.Row == "window/conntrack-in" }); hr.OK {
+		t.Error("the wall alone must not open window/conntrack-in (the guard holds it too)")
 	}
 }

@@ -18,6 +18,19 @@ import (
 var (
 	FromBoxes = Selector{"every box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes, nil) }}
 	FromHost  = Selector{"the host", func(*Topology, Endpoint) []Endpoint { return []Endpoint{hostEnd} }}
+	// The soak's selectors pick nothing unless the run soaks.
+	FromSoakBoxes = Selector{"every box (--soak)", func(t *Topology, _ Endpoint) []Endpoint {
+		if t.Soak == 0 {
+			return nil
+		}
+		return boxEnds(t.Boxes, nil)
+	}}
+	FromSoakHost = Selector{"the host (--soak)", func(t *Topology, _ Endpoint) []Endpoint {
+		if t.Soak == 0 {
+			return nil
+		}
+		return []Endpoint{hostEnd}
+	}}
 
 	ToSelf = Selector{"the box itself", func(_ *Topology, from Endpoint) []Endpoint { return []Endpoint{from} }}
 	// ToSelfLL is the box itself when it has an IPv6 link-local address.
@@ -76,6 +89,8 @@ var (
 	reapplied      = Control{"ctl/reapply", EndHost, EndGateway}
 	dhcpRenew      = Control{"ctl/dhcp-renew", EndSource, EndGateway}
 	windowControls = []Control{{"ctl/window-public", EndSource, EndPublic}, reapplied}
+	soaked         = Control{"ctl/soak", EndHost, EndGateway}
+	soakControls   = []Control{{"ctl/soak-public", EndSource, EndPublic}, soaked}
 	toHostFlood    = func(_, to Endpoint, t *Topology) probes.Spec {
 		return flood(udpTo(t.HostUDP, to.Addr), tcpTo(t.HostTCP, to.Addr))
 	}
@@ -202,39 +217,43 @@ var Claims = []ClaimRow{
 	{Key: "ctl/window-decoy", Claim: ClaimControl, Kind: "flood", ID: "ctl/decoy>{to}/window", From: FromDecoy, To: ToDecoyHostSide, Expect: Open,
 		Probe: toHostFlood, Window: WindowReapply},
 	{Key: "window/decoys", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>decoys", From: FromBoxes, To: ToBlockedDecoys, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
-			var u, c []netip.AddrPort
-			for _, d := range t.Decoys {
-				if isBlocked(d) || isOtherNet(d) || isUplinkSubnet(d) {
-					u = append(u, udpTo(DecoyUDP, d.Addr)...)
-					for _, p := range d.Ports {
-						c = append(c, tcpTo(p, d.Addr)...)
-					}
-				}
-			}
-			return flood(u, c)
-		}, Controls: windowControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return flood(blockedDecoyTargets(t)) },
+		Controls: windowControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/host", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>host", From: FromBoxes, To: ToHostAll, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
-			var u, c []netip.AddrPort
-			for _, h := range t.HostAddrs {
-				u, c = append(u, udpTo(t.HostUDP, h)...), append(c, tcpTo(t.HostTCP, h)...)
-			}
-			return flood(u, c)
-		}, Controls: windowControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowReapply},
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return flood(hostTargets(t)) },
+		Controls: windowControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowReapply},
 	{Key: "window/box", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>{to}", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
 		Probe: toBoxFlood, Controls: append([]Control{selfUDP}, windowControls...), Holds: boxBoxLayers, Window: WindowReapply},
 	{Key: "window/host-box", Claim: ClaimWindow, Kind: "flood", ID: "window/host>{to}", From: FromHost, To: ToBoxes, Expect: Dropped,
-		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied}, Holds: any1(LayerWall, LayerHostGuard, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/decoy-box", Claim: ClaimWindow, Kind: "flood", ID: "window/decoy>{to}", From: FromDecoy, To: ToBoxes, Expect: Dropped,
-		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
+		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall, LayerHostGuard, LayerL2Ranges), Window: WindowReapply},
 	// Flows out of a box are dropped before conntrack by either layer (the L2 input hook runs
 	// before the IP stack); flows into a box are confirmed before the bridge's output hook
 	// drops their packets, so only the wall keeps them out of the table.
 	{Key: "window/conntrack-out", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-out", From: FromHost, To: ToConntrackOut, Expect: Dropped,
 		Probe: lab(KindLabConntrackOut), Controls: []Control{reapplied}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/conntrack-in", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-in", From: FromHost, To: ToConntrackIn, Expect: Dropped,
-		Probe: lab(KindLabConntrackIn), Controls: []Control{reapplied}, Holds: any1(LayerWall), Window: WindowReapply},
+		Probe: lab(KindLabConntrackIn), Controls: []Control{reapplied}, Holds: any1(LayerWall, LayerHostGuard), Window: WindowReapply},
+
+	// The soak (--soak N): the window N times over, then an incusd restart and a host init
+	// drift repair (the ACL detached, then converged back), under one flood from every box
+	// that lasts the whole sequence. The floods run detached in the boxes: a restart ends
+	// every exec session, not the boxes.
+	{Key: "ctl/soak", Claim: ClaimControl, Kind: "soak", ID: "ctl/soak", From: FromSoakHost, To: ToGateway, Expect: Open,
+		Probe: lab(KindLabSoak), Window: WindowSoak},
+	{Key: "ctl/soak-public", Claim: ClaimControl, Kind: "flood", ID: "ctl/{from}/soak-public", From: FromSoakBoxes, To: ToPublic, Expect: Open,
+		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
+			return soakFlood(udpTo(DecoyUDP, to.Addr), tcpTo(DecoyTCP, to.Addr))
+		}, Window: WindowSoak},
+	{Key: "soak/decoys", Claim: ClaimSoak, Kind: "flood", ID: "soak/{from}>decoys", From: FromSoakBoxes, To: ToBlockedDecoys, Expect: Dropped,
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(blockedDecoyTargets(t)) },
+		Controls: soakControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
+	{Key: "soak/host", Claim: ClaimSoak, Kind: "flood", ID: "soak/{from}>host", From: FromSoakBoxes, To: ToHostAll, Expect: Dropped,
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(hostTargets(t)) },
+		Controls: soakControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowSoak},
+	{Key: "soak/conntrack-out", Claim: ClaimSoak, Kind: "conntrack", ID: "soak/conntrack-out", From: FromSoakHost, To: ToConntrackOut, Expect: Dropped,
+		Probe: lab(KindLabConntrackOut), Controls: []Control{soaked}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
 
 	// No spoofing: a box sends only from its own MAC and address, answers ARP only for its own
 	// address, and can neither release, steal nor invent a lease. The other end is the
@@ -315,11 +334,11 @@ var Claims = []ClaimRow{
 	// would let one box watch another's DNS activity, or its version).
 	chaosRow("servers.bind"), chaosRow("version.bind"),
 
-	// Host→box: the ACL's default ingress drop.
+	// Host→box: the ACL's default ingress drop, the wall's and the guard's "no new flow into a box".
 	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,
-		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerL2Ranges)},
+		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
-		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerL2Ranges)},
+		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 }
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h Holds) ClaimRow {
@@ -515,6 +534,37 @@ func flood(udp, tcp []netip.AddrPort) probes.Spec {
 		f.TCP = append(f.TCP, a.String())
 	}
 	return probes.Spec{Kind: probes.KindFlood, Timeout: WindowFlood + floodTail, Flood: f}
+}
+
+// soakFlood is a flood that lasts until the soak ends it (SoakFloodMax at most), slower than
+// the window's (every 2 ms, a connect every 50 ms: the soak runs a minute or more on a
+// loaded host, beside Incus restarting).
+func soakFlood(udp, tcp []netip.AddrPort) probes.Spec {
+	s := flood(udp, tcp)
+	s.Flood.Duration, s.Timeout = probes.Dur(SoakFloodMax), SoakFloodMax+floodTail
+	s.Flood.UDPEvery, s.Flood.TCPEvery = probes.Dur(2*time.Millisecond), probes.Dur(50*time.Millisecond)
+	return s
+}
+
+// blockedDecoyTargets: every blocked decoy, the other network and the uplink's subnet.
+func blockedDecoyTargets(t *Topology) (udp, tcp []netip.AddrPort) {
+	for _, d := range t.Decoys {
+		if isBlocked(d) || isOtherNet(d) || isUplinkSubnet(d) {
+			udp = append(udp, udpTo(DecoyUDP, d.Addr)...)
+			for _, p := range d.Ports {
+				tcp = append(tcp, tcpTo(p, d.Addr)...)
+			}
+		}
+	}
+	return udp, tcp
+}
+
+// hostTargets: every host address, at the host's listener ports.
+func hostTargets(t *Topology) (udp, tcp []netip.AddrPort) {
+	for _, h := range t.HostAddrs {
+		udp, tcp = append(udp, udpTo(t.HostUDP, h)...), append(tcp, tcpTo(t.HostTCP, h)...)
+	}
+	return udp, tcp
 }
 
 func udpTo(port int, a netip.Addr) []netip.AddrPort {

@@ -47,6 +47,15 @@ func suiteRecord() string {
 	return drill.DefaultRecord()
 }
 
+// soakReapplies: the contract's soak (20 re-applies, an incusd restart, a drift repair) unless
+// CLAUDEBOX_DRILL_NO_SOAK is set.
+func soakReapplies() int {
+	if os.Getenv("CLAUDEBOX_DRILL_NO_SOAK") != "" {
+		return 0
+	}
+	return 20
+}
+
 func TestDrill(t *testing.T) {
 	client = testenv.RequireIncus(t)
 	binary = teststack.Binary(t)
@@ -65,6 +74,7 @@ func TestDrill(t *testing.T) {
 	report, runErr = drill.Run(context.Background(), drill.Options{
 		Client: client, Stack: stack, Boxes: 2, Binary: binary, Version: "suite",
 		Progress: GinkgoWriter, SelfTest: os.Getenv("CLAUDEBOX_DRILL_NO_SELFTEST") == "",
+		Soak: soakReapplies(),
 	})
 	if report != nil {
 		if err := report.Append(suiteRecord()); err != nil {
