@@ -368,16 +368,16 @@ func (l *portLab) frameCases() []frameCase {
 		{"arp-is-at-sibling-ip", eth(box, arp, arpBody(arpEthIPv4, 2, box, plSib, plSib, "arp-is-at-sibling-ip")), []string{kPortARPIP}},
 		{"arp-sender-mac-of-sibling", eth(box, arp, arpBody(arpEthIPv4, 2, sib, own, own, "arp-sender-mac-of-sibling")), []string{kPortARPMAC}},
 		{"arp-not-ethernet-ipv4", eth(box, arp, arpBody([]byte{0, 1, 0x86, 0xdd, 6, 4}, 2, box, own, own, "arp-not-ethernet-ipv4")), []string{kPortARPShape}},
-		{"dhcp-foreign-chaddr", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(fake, 6, 1, "dhcp-foreign-chaddr"))), []string{kPortChaddr}},
-		{"dhcp-release-sibling", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, bootp(sib, 6, 7, "dhcp-release-sibling"))), []string{kPortChaddr}},
-		{"dhcp-hlen-16", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(box, 16, 1, "dhcp-hlen-16"))), []string{kPortDHCPHw}},
+		{"dhcp-foreign-chaddr", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(fake, 6, 1, "dhcp-foreign-chaddr"))), []string{kPortChaddr, kL2Chaddr}},
+		{"dhcp-release-sibling", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, bootp(sib, 6, 7, "dhcp-release-sibling"))), []string{kPortChaddr, kL2Chaddr}},
+		{"dhcp-hlen-16", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(box, 16, 1, "dhcp-hlen-16"))), []string{kPortDHCPHw, kL2DHCPHw}},
 		{"0.0.0.0-not-dhcp", eth(box, ip4, udp("0.0.0.0-not-dhcp", "0.0.0.0", "255.255.255.255", 1234, 9999)), []string{kPortZero}},
 		// A first fragment (MF) of a DHCP discover with its own chaddr: the
-		// 0.0.0.0 rules and the fragment rule each hold it.
-		{"0.0.0.0-fragment", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0x2000, bootp(box, 6, 1, "0.0.0.0-fragment"))), []string{kPortFrag, kPortZero}},
+		// 0.0.0.0 rules and the fragment rules each hold it.
+		{"0.0.0.0-fragment", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0x2000, bootp(box, 6, 1, "0.0.0.0-fragment"))), []string{kPortFrag, kPortZero, kL2Frag}},
 		// A later fragment (offset 8) to the gateway: no transport header, so
-		// no DHCP rule can see a chaddr in it; only the fragment rule holds it.
-		{"later-fragment-to-gateway", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0x0001, []byte(marker("later-fragment-to-gateway")))), []string{kPortFrag}},
+		// no DHCP rule can see a chaddr in it; only the fragment rules hold it.
+		{"later-fragment-to-gateway", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0x0001, []byte(marker("later-fragment-to-gateway")))), []string{kPortFrag, kL2Frag}},
 		{"vlan0-ipv4", taggedFrame(bcastMAC, box, 0x8100, 0, ip4, udp("vlan0-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},
 		{"vlan5-ipv4", taggedFrame(bcastMAC, box, 0x8100, 5, ip4, udp("vlan5-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},
 		{"qinq-ipv4", taggedFrame(bcastMAC, box, 0x88a8, 7, ip4, udp("qinq-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},

@@ -39,6 +39,10 @@ package firewall
 // without br_netfilter:
 //
 //	input:  IPv4 from the box subnet to a blocked range, except the gateway
+//	input:  per bound port, DHCP to the host only with htype 1/hlen 6 and the
+//	        port's chaddr, and no fragment to the box subnet or the broadcast:
+//	        a second copy of the prerouting binding for what reaches dnsmasq
+//	        (a release naming a sibling's MAC deletes its lease record)
 //	output: IPv4 from a blocked range outside the box subnet, to the box subnet
 //	output: to the box subnet: TCP SYN without ACK, ICMP echo request (any source);
 //	        from the gateway: UDP from a port other than 53 (DNS) or 67 (DHCP)
@@ -89,6 +93,9 @@ const (
 	kPortChaddr    = "port-dhcp-chaddr"
 	kPortFrag      = "port-frag"
 	kL2BlockedDst  = "l2-blocked-daddr"
+	kL2DHCPHw      = "l2-dhcp-hw"
+	kL2Chaddr      = "l2-dhcp-chaddr"
+	kL2Frag        = "l2-frag"
 	kL2BlockedSrc  = "l2-blocked-saddr"
 	kL2HostSYN     = "l2-host-syn"
 	kL2HostUDP     = "l2-host-udp"
@@ -248,6 +255,21 @@ func l2RangeRules(s Spec) []Rule {
 		// and other bridges' boxes must still reach their own gateways in these ranges.
 		rules = append(rules, mk(InputChain, kL2BlockedDst, "a box never reaches "+p.String()+" through the host (the gateway excepted)",
 			ip, ip4Op(12, expr.CmpOpEq, n), ip4Op(16, expr.CmpOpEq, p), ip4Op(16, expr.CmpOpNeq, gw)))
+	}
+	udp := l4proto(expr.CmpOpEq, ipprotoUDP)
+	for _, p := range s.Ports {
+		in := ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpEq, p.Port)
+		mac := []byte(p.MAC)
+		rules = append(rules,
+			mk(InputChain, kL2DHCPHw, p.Port+": DHCP to the host only with htype 1 (Ethernet), hlen 6",
+				in, ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+1, expr.CmpOpNeq, []byte{1, 6})),
+			mk(InputChain, kL2Chaddr, p.Port+": DHCP to the host only with chaddr "+p.MAC.String()+" (no release of a sibling's lease)",
+				in, ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+28, expr.CmpOpNeq, mac)),
+			mk(InputChain, kL2Frag, p.Port+": no IPv4 fragment to the box subnet (a DHCP chaddr in a later fragment)",
+				in, ip, ip4Op(16, expr.CmpOpEq, n), ipFragment()),
+			mk(InputChain, kL2Frag, p.Port+": no IPv4 fragment to the limited broadcast",
+				in, ip, ip4Op(16, expr.CmpOpEq, host32(net.IPv4bcast.To4())), ipFragment()),
+		)
 	}
 	for _, p := range s.blocked() {
 		rules = append(rules, mk(OutputChain, kL2BlockedSrc, "nothing from "+p.String()+" (outside the box subnet) reaches a box",
