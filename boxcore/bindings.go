@@ -197,8 +197,10 @@ func readDNSMasqHosts(network string) map[string]hostsEntry {
 func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == b.String() }
 
 // applyL2 converges the firewall to spec, sets the bridge's no_linklocal_learn (part of the
-// port-binding layer: see firewall.SetNoLinkLocalLearn) and rp_filter=1 on every bound port
-// (the port-rp-filter layer: see firewall.StrictRPFilter).
+// port-binding layer: see firewall.SetNoLinkLocalLearn), rp_filter=1 on every bound port
+// (the port-rp-filter layer: see firewall.StrictRPFilter), and pins every bound port's MAC
+// in the bridge's FDB with learning off on the port, dropping stale pins (the fdb-pin layer:
+// see fdbpin.go).
 func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	changed, err := firewall.Apply(spec)
 	if err != nil {
@@ -222,7 +224,16 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	if err != nil {
 		return changed || rp, fmt.Errorf("port rp_filter: %w", err)
 	}
-	return changed || rp, nil
+	changed = changed || rp
+	pruned, err := h.Kernel.PruneFDBPins(h.Stack.Network, spec.Ports)
+	if err != nil {
+		return changed || pruned, fmt.Errorf("fdb pin: %w", err)
+	}
+	pinned, err := h.Kernel.PinFDB(h.Stack.Network, spec.Ports)
+	if err != nil {
+		return changed || pruned || pinned, fmt.Errorf("fdb pin: %w", err)
+	}
+	return changed || pruned || pinned, nil
 }
 
 // BindPorts re-applies the firewall with the bindings of every box running now. The box

@@ -59,6 +59,7 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	c.nftables(st)
 	c.ports(st)
 	c.bindings(st)
+	c.fdbPins(st)
 	c.rpFilter(st)
 	c.kernel(st)
 	h.checkUnit(c)

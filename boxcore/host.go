@@ -196,6 +196,11 @@ func (h *Host) planKernel(p *InitPlan) error {
 		p.firewallDrift = true
 		p.change("nftables", "rebuild bridge "+st.Tables.Bridge+" (box-to-box drop), inet "+st.Tables.Guard+" (host input guard) and inet "+st.Tables.Wall+" (the wall)")
 	}
+	// Box MACs not pinned in the bridge's FDB (or ports still learning, or stale pins): the
+	// apply pins them whatever the plan says; the plan says so.
+	if on, what := st.fdbPinOn(nil); !on {
+		p.change("bridge fdb "+s.Network, "pin box MACs (static, sticky), learning off on box ports: "+what)
+	}
 	// Host names dnsmasq learnt while dhcp-ignore-names was off: they outlive the option.
 	if st.DNSMasqRunning && len(st.LeaseNames) > 0 {
 		p.staleNames = true

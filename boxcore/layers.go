@@ -14,6 +14,7 @@ type Layer string
 const (
 	LayerNFTBridge    Layer = "nft-bridge-drop"   // bridge table claudebox_<B>: box-to-box forward drop
 	LayerPortBinding  Layer = "port-binding"      // bridge table claudebox_<B> prerouting: each box port bound to its MAC/IPv4/chaddr
+	LayerFDBPin       Layer = "fdb-pin"           // each box MAC a static, sticky FDB entry on its port; learning off on box ports
 	LayerPortRPFilter Layer = "port-rp-filter"    // net.ipv4.conf.<port>.rp_filter=1 on every bound box port (link-local group path)
 	LayerL2Ranges     Layer = "l2-ranges"         // bridge table claudebox_<B> input/output: blocked ranges and host→box at L2
 	LayerBRNF         Layer = "br_netfilter"      // net.bridge.bridge-nf-call-iptables/ip6tables=1
@@ -43,7 +44,7 @@ func dnsmasqLine(l Layer) string {
 }
 
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
-var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
+var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerFDBPin, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
 	LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
@@ -69,6 +70,8 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	add(LayerNFTBridge, st.Tables.BridgeOn, "table bridge %s: %s, mode %s", bt, presence(st.Tables.BridgeOn), mode)
 	pbOn, pbWhat := st.portBindingOn()
 	add(LayerPortBinding, pbOn, "%s", pbWhat)
+	fpOn, fpWhat := st.fdbPinOn(boxes)
+	add(LayerFDBPin, fpOn, "%s", fpWhat)
 	rpOn, rpWhat := st.portRPFilterOn(boxes)
 	add(LayerPortRPFilter, rpOn, "%s", rpWhat)
 	add(LayerL2Ranges, st.Tables.L2RangesOn, "table bridge %s chains input, output: %s", bt, presence(st.Tables.L2RangesOn))

@@ -31,9 +31,9 @@ func fdbPortOf(t *testing.T, bridge string, mac net.HardwareAddr) string {
 
 // TestPortBinding runs the port-binding layer on the real daemon: a running box with no
 // binding is drift, BindPorts binds what runs (read from Incus's dnsmasq.hosts allocation),
-// and with NIC filtering switched off on the attacking box the bindings alone keep its
-// spoofed frames off the bridge (and the sibling's FDB entry where it is); with both off
-// they get through (the capture's control). A stopped box leaves a stale binding: drift
+// and with NIC filtering switched off on the attacking box (and the FDB pins off: see
+// TestFDBPin) the bindings alone keep its spoofed frames off the bridge (and the sibling's
+// FDB entry where it is); with both off they get through (the capture's control). A stopped box leaves a stale binding: drift
 // until BindPorts.
 func TestPortBinding(t *testing.T) {
 	c := testenv.RequireIncus(t)
@@ -104,7 +104,17 @@ func TestPortBinding(t *testing.T) {
 	out, _ := exec.Command("nft", "list", "chain", "bridge", "claudebox_"+s.Network, "prerouting").CombinedOutput()
 	t.Logf("prerouting:\n%s", out)
 
-	// NIC filtering off on a: the bindings alone.
+	// NIC filtering off on a: the bindings alone. The FDB pins hold a sibling's MAC too (the
+	// fdb-pin layer): off for every box, so the FDB rows measure the bindings alone.
+	restorePin, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerFDBPin}, nil)
+	if err != nil {
+		t.Fatalf("switch fdb pin off: %v", err)
+	}
+	// Unpinned, b's MAC is in the FDB again once b sends: its own ARP teaches it on b's port.
+	sendFrom(t, c, b.name, spoofFrames(b.mac, a.mac, b.ip, a.ip)[1:2])
+	if p := fdbPortOf(t, s.Network, b.mac); p != b.veth {
+		t.Fatalf("unpinned, after b's own ARP: b's MAC on %q, want %s", p, b.veth)
+	}
 	restoreNIC, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering}, []string{a.name})
 	if err != nil {
 		t.Fatalf("switch NIC filtering off: %v", err)
@@ -140,6 +150,9 @@ func TestPortBinding(t *testing.T) {
 	}
 	if err := restoreNIC(ctx); err != nil {
 		t.Fatalf("restore NIC filtering: %v", err)
+	}
+	if err := restorePin(ctx); err != nil {
+		t.Fatalf("restore fdb pin: %v", err)
 	}
 
 	measured := 0

@@ -43,6 +43,11 @@ type StackState struct {
 	NICs        []NICBinding
 	KernelBound []string
 	NoLLLearn   bool
+	// FDBPins are the bindable NICs' FDB pins as the kernel holds them, FDBStale the pins no
+	// bindable NIC wants, FDBErr why the bridge's FDB could not be read (see fdbpin.go).
+	FDBPins  []FDBPin
+	FDBStale []StalePin
+	FDBErr   error
 
 	BridgeNF4, BridgeNF6 Sysctl
 	DNSMasq              DNSMasq
@@ -96,6 +101,9 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 	}
 	if err := h.readBindings(ctx, st); err != nil {
 		return nil, err
+	}
+	if st.Network != nil {
+		st.FDBPins, st.FDBStale, st.FDBErr = h.Kernel.FDBPins(s.Network, st.NICs)
 	}
 	if err := h.readFirewall(st); err != nil {
 		return nil, err

@@ -16,8 +16,9 @@ import (
 
 // SwitchOff turns layers off, for a seeded hole, and returns the function that puts every one
 // of them back as it was. boxes are the instances whose own ports and NICs are switched
-// (port-isolation, nic-filtering); nil means every box on the bridge. The network-wide layers
-// (the network's config keys, sysctls, claudebox's nft tables) affect every box on the bridge.
+// (port-isolation, port-rp-filter, fdb-pin, nic-filtering); nil means every box on the
+// bridge. The network-wide layers (the network's config keys, sysctls, claudebox's nft
+// tables) affect every box on the bridge.
 //
 // Network keys (dns.mode, the dnsmasq options, the ACL, IPv6) are written in one update, which
 // makes Incus re-apply its firewall for the network (a re-apply window); the others touch no
@@ -62,6 +63,7 @@ type switcher struct {
 	brnf                   bool
 	unisolated             []string
 	rpFilter               map[string]int            // port → its own rp_filter before the switch
+	unpinned               []firewall.PortBinding    // FDB pins removed (re-pinned on restore)
 	nics                   map[string]incus.Instance // box → instance as it was, before the NIC override
 }
 
@@ -87,6 +89,8 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 		return errors.Join(sw.h.Kernel.SetBridgeNFCallIPTables(0), sw.h.Kernel.SetBridgeNFCallIP6Tables(0))
 	case LayerPortRPFilter:
 		return sw.rpFilterOff()
+	case LayerFDBPin:
+		return sw.fdbPinOff()
 	case LayerPortIso:
 		for _, p := range sw.ports {
 			if err := sw.h.Kernel.SetPortIsolated(p, false); err != nil {
@@ -144,6 +148,21 @@ func (sw *switcher) rpFilterOff() error {
 		if _, ok := sw.rpFilter[p]; !ok {
 			sw.rpFilter[p] = own
 		}
+	}
+	return nil
+}
+
+// fdbPinOff deletes the boxes' static FDB entries and turns learning back on on their ports:
+// the bridge learns their MACs from whatever frame comes in, as it does without the layer.
+func (sw *switcher) fdbPinOff() error {
+	for _, b := range sw.st.Bindings() {
+		if !slices.Contains(sw.ports, b.Port) || slices.ContainsFunc(sw.unpinned, func(u firewall.PortBinding) bool { return u.Port == b.Port }) {
+			continue
+		}
+		if err := sw.h.Kernel.UnpinFDB(sw.h.Stack.Network, b); err != nil {
+			return err
+		}
+		sw.unpinned = append(sw.unpinned, b)
 	}
 	return nil
 }
@@ -221,6 +240,15 @@ func (sw *switcher) restore(ctx context.Context) error {
 		if err := firewall.SetPortRPFilter(p, sw.rpFilter[p]); err != nil && !portGone(p) {
 			errs = append(errs, err)
 		}
+	}
+	var repin []firewall.PortBinding
+	for _, b := range sw.unpinned {
+		if !linkMissing(b.Port) {
+			repin = append(repin, b)
+		}
+	}
+	if _, err := h.Kernel.PinFDB(h.Stack.Network, repin); err != nil {
+		errs = append(errs, err)
 	}
 	for _, b := range slices.Sorted(maps.Keys(sw.nics)) {
 		errs = append(errs, sw.restoreNIC(ctx, b))
