@@ -26,6 +26,7 @@ const (
 	LayerNICFiltering  = boxcore.LayerNICFiltering
 	LayerIPv6Off       = boxcore.LayerIPv6Off
 	LayerPortBinding   = boxcore.LayerPortBinding
+	LayerFDBPin        = boxcore.LayerFDBPin
 	LayerL2Ranges      = boxcore.LayerL2Ranges
 	LayerDHCPKnownOnly = boxcore.LayerDHCPKnown
 	LayerPortRPFilter  = boxcore.LayerPortRPFilter

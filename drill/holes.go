@@ -34,7 +34,8 @@ var Holes = append(singleHoles(),
 	hole("wall + ACL + L2 ranges off", LayerWall, LayerACL, LayerL2Ranges),
 	hole("wall + host input guard + ACL + L2 ranges off", LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
 	hole("NIC filtering + port binding + wall off", LayerNICFiltering, LayerPortBinding, LayerWall),
-	hole("NIC filtering + port binding + dhcp-known-only off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly),
+	hole("NIC filtering + port binding + dhcp-known-only + L2 ranges off", LayerNICFiltering, LayerPortBinding, LayerDHCPKnownOnly, LayerL2Ranges),
+	hole("port binding + fdb pin off", LayerPortBinding, LayerFDBPin),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
 	hole("wall + port rp_filter + L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
@@ -46,7 +47,7 @@ var holeNames = map[Layer]string{
 	LayerNoIdent: "no-ident removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
-	LayerPortRPFilter: "port rp_filter off",
+	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",
 }
 
 func singleHoles() []Hole {
@@ -159,7 +160,18 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		if first.attribute(m.Rows); !first.OK {
 			e.progress("  not as attributed (%s): measuring once more", strings.Join(append(first.Missing, first.Unexpected...), ", "))
 			hr.FirstAttempt = first.Details
-			m, applyErr = e.matrix(ctx)
+			if h.Remint {
+				// What the first matrix let through changed the boxes (a rogue router
+				// advertisement gave them IPv6): close the hole, re-mint, open it again.
+				if applyErr = e.closeHole(ctx, h, restoreLayers); applyErr == nil {
+					restoreLayers, applyErr = e.openHole(ctx, h)
+				} else {
+					restoreLayers = nil
+				}
+			}
+			if applyErr == nil {
+				m, applyErr = e.matrix(ctx)
+			}
 		}
 	}
 	rerr := e.closeHole(ctx, h, restoreLayers)

@@ -21,7 +21,7 @@ func testTopology() *Topology {
 		return b
 	}
 	return &Topology{
-		Soak: 20,
+		Soak:    20,
 		Boxes:   []*Box{box("a", "10.87.0.10", "fe80::a"), box("b", "10.87.0.11", "fe80::b"), box("c", "10.87.0.12", "")},
 		Gateway: netip.MustParsePrefix("10.87.0.1/24"), Domain: "incus",
 		HostAddrs: []netip.Addr{netip.MustParseAddr("10.87.0.1"), netip.MustParseAddr("192.0.2.5")},
@@ -319,8 +319,6 @@ var singleLayerRows = map[string]Layer{
 	"host-names/dns":                 LayerNoHosts,
 	"resolver/servers.bind":          LayerNoIdent,
 	"resolver/version.bind":          LayerNoIdent,
-	"spoof/mac":                      LayerPortBinding,
-	"dhcp/release-intact":            LayerPortBinding,
 }
 
 // A single layer off opens only the rows listed above; every negative row opens in at least

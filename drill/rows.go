@@ -103,16 +103,21 @@ var (
 	decoyFromHost    = func(p string) Control { return Control{"ctl/decoy-" + p, EndHost, EndTarget} }
 	boxBoxLayers     = Holds{{LayerPortIso}, {LayerNFTBridge}, {LayerBRNF}}
 	bothNameLayers   = Holds{{LayerDNSModeNone, LayerIgnoreNames}}
-	defaultSelfTCP   = func(from, _ Endpoint, _ *Topology) probes.Spec { return tcp(from.Box.IPv4, probes.DefaultTCPPort) }
-	defaultSelfUDP   = func(from, _ Endpoint, _ *Topology) probes.Spec { return udp(from.Box.IPv4, probes.DefaultUDPPort) }
-	toAddrTCP        = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Addr, to.Port) }
-	toAddrICMP       = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
-	toDecoyUDP       = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
-	toBoxTCP         = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
-	toBoxUDP         = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
-	toHostTCP        = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
-	toHostUDP        = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
-	askGateway       = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
+	// A frame from a sibling's MAC fails two ways: it moves the sibling's FDB entry (the port
+	// binding drops it before learning; the fdb pin never lets the entry move) or the sibling
+	// hears it (the port binding; else port isolation or NIC filtering keep it from the
+	// sibling's port: measured, the pin alone did not when both were off).
+	macSpoofLayers = Holds{{LayerPortBinding}, {LayerFDBPin, LayerPortIso}, {LayerFDBPin, LayerNICFiltering}}
+	defaultSelfTCP = func(from, _ Endpoint, _ *Topology) probes.Spec { return tcp(from.Box.IPv4, probes.DefaultTCPPort) }
+	defaultSelfUDP = func(from, _ Endpoint, _ *Topology) probes.Spec { return udp(from.Box.IPv4, probes.DefaultUDPPort) }
+	toAddrTCP      = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Addr, to.Port) }
+	toAddrICMP     = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
+	toDecoyUDP     = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
+	toBoxTCP       = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
+	toBoxUDP       = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
+	toHostTCP      = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
+	toHostUDP      = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
+	askGateway     = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
 		return func(_, to Endpoint, t *Topology) probes.Spec { return dnsq(t.Gateway.Addr(), name(to, t), typ) }
 	}
 )
@@ -217,10 +222,10 @@ var Claims = []ClaimRow{
 	{Key: "ctl/window-decoy", Claim: ClaimControl, Kind: "flood", ID: "ctl/decoy>{to}/window", From: FromDecoy, To: ToDecoyHostSide, Expect: Open,
 		Probe: toHostFlood, Window: WindowReapply},
 	{Key: "window/decoys", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>decoys", From: FromBoxes, To: ToBlockedDecoys, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return flood(blockedDecoyTargets(t)) },
+		Probe:    func(_, _ Endpoint, t *Topology) probes.Spec { return flood(blockedDecoyTargets(t)) },
 		Controls: windowControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/host", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>host", From: FromBoxes, To: ToHostAll, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return flood(hostTargets(t)) },
+		Probe:    func(_, _ Endpoint, t *Topology) probes.Spec { return flood(hostTargets(t)) },
 		Controls: windowControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowReapply},
 	{Key: "window/box", Claim: ClaimWindow, Kind: "flood", ID: "window/{from}>{to}", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
 		Probe: toBoxFlood, Controls: append([]Control{selfUDP}, windowControls...), Holds: boxBoxLayers, Window: WindowReapply},
@@ -247,10 +252,10 @@ var Claims = []ClaimRow{
 			return soakFlood(udpTo(DecoyUDP, to.Addr), tcpTo(DecoyTCP, to.Addr))
 		}, Window: WindowSoak},
 	{Key: "soak/decoys", Claim: ClaimSoak, Kind: "flood", ID: "soak/{from}>decoys", From: FromSoakBoxes, To: ToBlockedDecoys, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(blockedDecoyTargets(t)) },
+		Probe:    func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(blockedDecoyTargets(t)) },
 		Controls: soakControls, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
 	{Key: "soak/host", Claim: ClaimSoak, Kind: "flood", ID: "soak/{from}>host", From: FromSoakBoxes, To: ToHostAll, Expect: Dropped,
-		Probe: func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(hostTargets(t)) },
+		Probe:    func(_, _ Endpoint, t *Topology) probes.Spec { return soakFlood(hostTargets(t)) },
 		Controls: soakControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowSoak},
 	{Key: "soak/conntrack-out", Claim: ClaimSoak, Kind: "conntrack", ID: "soak/conntrack-out", From: FromSoakHost, To: ToConntrackOut, Expect: Dropped,
 		Probe: lab(KindLabConntrackOut), Controls: []Control{soaked}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
@@ -274,7 +279,7 @@ var Claims = []ClaimRow{
 			return probes.Spec{Kind: probes.KindARPSpoof, Target: t.Gateway.Addr().String(), Spoof: &probes.SpoofSpec{VictimIP: to.Box.IPv4.String()}}
 		}},
 	{Key: "spoof/mac", Claim: ClaimSpoof, Kind: "mac-spoof", ID: "spoof/{from}>{to}/mac", From: FromBoxes, To: ToOtherBoxes,
-		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: any1(LayerPortBinding),
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, selfUDP}, Holds: macSpoofLayers,
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindMACSpoof, Timeout: time.Second, Spoof: &probes.SpoofSpec{VictimMAC: to.Box.MAC, VictimIP: to.Box.IPv4.String()}}
 		}},
@@ -283,14 +288,14 @@ var Claims = []ClaimRow{
 			return dhcpSpec(probes.KindDHCPSteal, to.Addr, &probes.DHCPSpec{VictimIP: from.Box.IPv4.String(), AskMAC: from.Box.MAC})
 		}},
 	{Key: "dhcp/fake-mac", Claim: ClaimSpoof, Kind: "dhcp-fake-mac", ID: "dhcp/{from}/fake-mac", From: FromBoxes, To: ToGateway, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{})
 		}},
 	// The same client invented in the DHCP payload only, from the box's own MAC: NIC
 	// filtering (which checks the frame's source) lets it through.
 	{Key: "dhcp/fake-chaddr", Claim: ClaimSpoof, Kind: "dhcp-fake-mac", ID: "dhcp/{from}/fake-chaddr", From: FromBoxes, To: ToGateway, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPFakeMAC, to.Addr, &probes.DHCPSpec{OwnFrame: true})
 		}},
@@ -298,7 +303,7 @@ var Claims = []ClaimRow{
 	// itself while the sibling holds the lease, "address in use": no layer of ours to
 	// measure. The release row frees the lease first.)
 	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
-		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding),
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
 		}},
@@ -306,7 +311,7 @@ var Claims = []ClaimRow{
 	// MAC frees its lease record. Harmless while the reservation holds the address for it
 	// (it renews the same address), but only the port binding keeps the record intact.
 	{Key: "dhcp/release-intact", Claim: ClaimSpoof, Kind: "lease", ID: "dhcp/{from}>{to}/lease-intact", From: FromBoxes, To: ToOtherBoxes,
-		Expect: Dropped, Window: WindowLeases, Controls: []Control{{"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding),
+		Expect: Dropped, Window: WindowLeases, Controls: []Control{{"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding, LayerL2Ranges),
 		Probe: lab(KindLabLeaseIntact)},
 
 	// The link-local group path: a frame to 01:80:c2:00:00:0X is not bridged, the kernel hands
