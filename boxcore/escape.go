@@ -79,6 +79,8 @@ func offDevice(name string, d map[string]string, s Stack) string {
 		return fmt.Sprintf("device %s: a disk mounting the host's %s at %s", name, d["source"], d["path"])
 	case typ == "disk":
 		return fmt.Sprintf("device %s: an extra disk (%s)", name, firstNonEmpty(d["source"], d["path"]))
+	case typ == "nic" && name == "eth0" && IsBoxNIC(d, s, ""):
+		return "" // the stack's eth0 with the box's fixed port name (BoxNIC)
 	case typ == "nic":
 		return fmt.Sprintf("device %s: a NIC of its own (%s), overriding the stack's %s", name, firstNonEmpty(d["network"], d["parent"], d["nictype"]), s.Network)
 	case typ == "proxy":

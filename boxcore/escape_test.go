@@ -1,6 +1,7 @@
 package boxcore
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -140,7 +141,8 @@ func TestOffBoundary(t *testing.T) {
 		"image.os": "debian", "cloud-init.user-data": "#cloud-config\n", "cloud-init.vendor-data": "#cloud-config\n",
 		"limits.cpu": "2", "limits.memory": "4GiB", "security.secureboot": "false",
 	}
-	root := map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": s.Pool, "size": "20GiB"}}
+	root := map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": s.Pool, "size": "20GiB"},
+		"eth0": BoxNIC(s, "some-box")} // the stack's NIC with the box's fixed port name
 	if off := OffBoundary(own, root, s); len(off) != 0 {
 		t.Fatalf("claudebox's own settings refused: %v", off)
 	}
@@ -162,6 +164,8 @@ func TestOffBoundary(t *testing.T) {
 		"host folder":    {nil, map[string]map[string]string{"home": {"type": "disk", "source": "/home/me", "path": "/mnt"}}, "host's /home/me"},
 		"extra volume":   {nil, map[string]map[string]string{"data": {"type": "disk", "pool": s.Pool, "source": "vol", "path": "/data"}}, "extra disk"},
 		"nic override":   {nil, map[string]map[string]string{"eth0": {"type": "nic", "network": s.Network, "security.port_isolation": "false"}}, "NIC"},
+		"nic renamed":    {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "host_name", "eth9")}, "NIC"},
+		"nic loosened":   {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "security.mac_filtering", "false")}, "NIC"},
 		"second nic":     {nil, map[string]map[string]string{"eth1": {"type": "nic", "network": "incusbr0"}}, "incusbr0"},
 		"proxy":          {nil, map[string]map[string]string{"p": {"type": "proxy", "listen": "tcp:0.0.0.0:80", "connect": "tcp:127.0.0.1:80"}}, "proxy"},
 		"gpu":            {nil, map[string]map[string]string{"g": {"type": "gpu"}}, "gpu"},
@@ -205,4 +209,10 @@ func TestParseFrom(t *testing.T) {
 			t.Errorf("ParseFrom(%q): %v", in, err)
 		}
 	}
+}
+
+func withKey(m map[string]string, k, v string) map[string]string {
+	out := maps.Clone(m)
+	out[k] = v
+	return out
 }

@@ -226,6 +226,10 @@ func (m *minting) cloneSource(ctx context.Context, req *incus.InstancesPost, cfg
 		}
 	}
 	req.Devices = maps.Clone(src.Instance.Devices)
+	if req.Devices == nil {
+		req.Devices = map[string]map[string]string{}
+	}
+	req.Devices["eth0"] = BoxNIC(m.bs.Stack, o.Name) // its own port name, not its source's
 	source := src.Name
 	if snap != "" {
 		source += "/" + snap
@@ -264,8 +268,9 @@ func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg
 	if o.Memory != "" {
 		cfg["limits.memory"] = o.Memory
 	}
+	req.Devices = map[string]map[string]string{"eth0": BoxNIC(m.bs.Stack, o.Name)}
 	if o.Disk != "" {
-		req.Devices = map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": m.bs.Stack.Pool, "size": o.Disk}}
+		req.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": m.bs.Stack.Pool, "size": o.Disk}
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package boxcore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"net"
@@ -173,6 +175,37 @@ func ProfileDevices(s Stack) map[string]map[string]string {
 			"pool": s.Pool,
 		},
 	}
+}
+
+// BoxNIC is the eth0 a box gets as its own device: the profile's, with a host-side veth name
+// fixed for the box (HostName). Incus names a veth at random on every start, and a box can
+// restart itself (reboot inside it): with a random name its new port would be unbound — no
+// port binding, no per-port DHCP binding, no wall rule for its port — until claudebox bound
+// it again. A fixed name keeps every rule that names the port matching the new veth.
+func BoxNIC(s Stack, box string) map[string]string {
+	eth0 := maps.Clone(ProfileDevices(s)["eth0"])
+	eth0["host_name"] = HostName(box)
+	return eth0
+}
+
+// HostName is the host-side veth name of a box's eth0: "cbx" and 12 hex digits of a hash of
+// the box's name (15 characters, the kernel's limit).
+func HostName(box string) string {
+	sum := sha256.Sum256([]byte(box))
+	return "cbx" + hex.EncodeToString(sum[:6])
+}
+
+// IsBoxNIC reports whether d is the eth0 claudebox gives box on stack s (BoxNIC), with the
+// host name of any box when box is "" (a clone's source keeps its own name until rewritten).
+func IsBoxNIC(d map[string]string, s Stack, box string) bool {
+	want := BoxNIC(s, box)
+	if box == "" {
+		if hn := d["host_name"]; len(hn) != 15 || !strings.HasPrefix(hn, "cbx") {
+			return false
+		}
+		want["host_name"] = d["host_name"]
+	}
+	return maps.Equal(d, want)
 }
 
 // ProfileConfig is the desired config of the box profile.

@@ -189,6 +189,9 @@ func (sw *switcher) nicFilteringOff(ctx context.Context) error {
 			return err
 		}
 		eth0 := maps.Clone(prof.Devices["eth0"])
+		if hn := in.Devices["eth0"]["host_name"]; hn != "" {
+			eth0["host_name"] = hn // the box's fixed port name: the same veth, the same rules
+		}
 		for k := range NICFiltering {
 			eth0[k] = "false"
 		}
