@@ -62,9 +62,9 @@ func RestartDaemon(ctx context.Context, c *incus.Client) error {
 	return waitDaemon(ctx, c, pid)
 }
 
-// findDaemon is the main incusd process: comm "incusd" whose first argument is a flag or
-// nothing (its fork helpers run the same binary with a sub-command), serving the default
-// directory (not a test cluster member with INCUS_DIR set elsewhere).
+// findDaemon is the main incusd process: comm "incusd", argv[0] the incusd binary, its first
+// argument a flag or nothing (its fork helpers run the same binary with a sub-command),
+// serving the default directory (not a test cluster member with INCUS_DIR set elsewhere).
 func findDaemon() (int, []string, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -81,7 +81,9 @@ func findDaemon() (int, []string, error) {
 		}
 		raw, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(argv) == 0 || argv[0] == "" || (len(argv) > 1 && !strings.HasPrefix(argv[1], "-")) {
+		// The daemon's argv[0] is its binary; its children rename themselves ("[lxc monitor]
+		// /var/lib/incus/containers NAME" keeps comm "incusd") or run a sub-command.
+		if len(argv) == 0 || filepath.Base(argv[0]) != "incusd" || (len(argv) > 1 && !strings.HasPrefix(argv[1], "-")) {
 			continue
 		}
 		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
