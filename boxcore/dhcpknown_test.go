@@ -177,12 +177,14 @@ func TestDHCPKnownOnly(t *testing.T) {
 	}
 
 	// Port binding drops a DHCP request whose chaddr is not the port's MAC before dnsmasq sees
-	// it: it is off for both measurements, so they measure dhcp-known-only alone.
-	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, nil)
+	// it, and the L2 ranges' input chain again before the host does: both are off for both
+	// measurements, so they measure dhcp-known-only alone.
+	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding, boxcore.LayerL2Ranges}, nil)
 	if err != nil {
-		t.Fatalf("switch port binding off: %v", err)
+		t.Fatalf("switch port binding and L2 ranges off: %v", err)
 	}
 	requireLayer(t, h, boxcore.LayerPortBinding, false)
+	requireLayer(t, h, boxcore.LayerL2Ranges, false)
 
 	// Without the option: today's behaviour.
 	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerDHCPKnown}, nil)
@@ -262,9 +264,10 @@ func TestDHCPKnownOnly(t *testing.T) {
 	}
 
 	if err := unbind(ctx); err != nil {
-		t.Fatalf("restore port binding: %v", err)
+		t.Fatalf("restore port binding and L2 ranges: %v", err)
 	}
 	requireLayer(t, h, boxcore.LayerPortBinding, true)
+	requireLayer(t, h, boxcore.LayerL2Ranges, true)
 
 	// Real boxes still lease after a restart, through the box verbs: start binds the new veth
 	// Incus gives the box (a bare Incus start would leave the port binding stale, which check

@@ -322,6 +322,7 @@ func (m *minting) start(ctx context.Context) error {
 	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
 	// instance is then removed from a known state rather than mid-start.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	m.bs.clearStalePort(m.o.Name)
 	err := m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
 	scancel()
 	if err != nil {
@@ -477,6 +478,7 @@ func (bs *Boxes) discard(name, token string) error {
 			}
 			err = bs.Client.DeleteInstance(ctx, name)
 			if err == nil || errors.Is(err, incus.ErrNotFound) {
+				bs.clearStalePort(name)
 				return nil
 			}
 		}

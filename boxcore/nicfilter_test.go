@@ -314,9 +314,9 @@ func TestNICFiltering(t *testing.T) {
 
 	frames := spoofFrames(a.mac, b.mac, a.ip, b.ip)
 	h := boxcore.NewHost(c, s)
-	// What NIC filtering alone drops: claudebox's port binding (which new applies) is off
-	// on a for this capture.
-	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, []string{a.name})
+	// What NIC filtering alone drops: claudebox's port binding (which new applies) and the L2
+	// ranges' per-port DHCP binding are off on a for this capture.
+	unbind, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding, boxcore.LayerL2Ranges}, []string{a.name})
 	if err != nil {
 		t.Fatalf("port binding off: %v", err)
 	}
@@ -360,7 +360,7 @@ func TestNICFiltering(t *testing.T) {
 	// The switch: NIC filtering off on box a only (with claudebox's port binding, the other
 	// layer against these frames, off too); the same frames now reach the bridge (the
 	// capture's control), b keeps its filter, and restore puts a's back.
-	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering, boxcore.LayerPortBinding}, []string{a.name})
+	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerNICFiltering, boxcore.LayerPortBinding, boxcore.LayerL2Ranges}, []string{a.name})
 	if err != nil {
 		t.Fatalf("switch off: %v", err)
 	}

@@ -211,6 +211,11 @@ func (h *Host) detachBoxes(ctx context.Context, boxes []string) ([]Change, error
 				devices["root"] = maps.Clone(root)
 			}
 		}
+		if d, ok := devices["eth0"]; ok && d["network"] == s.Network {
+			// The box's own eth0 (BoxNIC: the stack's NIC with its fixed port name) goes
+			// with the profile: the network is being removed.
+			delete(devices, "eth0")
+		}
 		profiles := slices.DeleteFunc(slices.Clone(in.Profiles), func(x string) bool { return x == s.Profile })
 		put := incus.InstancePut{Config: in.Config, Devices: devices, Profiles: profiles, Description: in.Description, Ephemeral: in.Ephemeral, Architecture: in.Architecture}
 		if err := h.Client.UpdateInstance(ctx, name, put, etag); err != nil {

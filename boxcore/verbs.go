@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
 
@@ -171,6 +173,7 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
 	}
+	bs.clearStalePort(b.Name)
 	if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {
 		return err
 	}
@@ -263,4 +266,18 @@ func (bs *Boxes) LoginCommand(ctx context.Context, b *Box) []string {
 		return []string{"/bin/bash", "-l"}
 	}
 	return []string{"/bin/sh", "-l"}
+}
+
+// clearStalePort removes a leftover veth carrying the box's fixed port name (HostName): Incus
+// leaves it behind when a start fails after creating it, and would then refuse every later
+// start ("File exists"). Nothing else uses the name, and the box is not running when this is
+// called (before a start, after a removal). Only for the local daemon; errors are ignored
+// (without root the start reports the real problem).
+func (bs *Boxes) clearStalePort(box string) {
+	if r := bs.Client.Remote(); r != "local" && r != "" {
+		return
+	}
+	if l, err := netlink.LinkByName(HostName(box)); err == nil && l.Type() == "veth" {
+		_ = netlink.LinkDel(l)
+	}
 }

@@ -309,14 +309,16 @@ func TestCloneBoundary(t *testing.T) {
 	for _, hole := range [][]string{
 		{"config", "set", "{}", "raw.lxc=lxc.apparmor.profile=unconfined"},
 		{"config", "set", "{}", "boot.autostart=false"},
-		{"config", "device", "add", "{}", "eth0", "nic", "network=" + h.stack.Network, "security.port_isolation=false"},
+		{"config", "device", "set", "{}", "eth0", "security.port_isolation=false"}, // the box's own eth0 (BoxNIC), loosened
 		{"config", "device", "add", "{}", "p", "proxy", "listen=unix:" + host + "/s", "connect=unix:/tmp/s", "bind=host"},
 	} {
 		h.expect(0, "", append([]string{"incus", a, "--"}, hole...)...)
 		h.unchanged(2, "a clone would inherit a hole", "new", "--name", c, "--container", "--from", a)
 		undo := []string{"config", "unset", "{}", strings.Split(hole[3], "=")[0]}
-		if hole[1] == "device" {
+		if hole[1] == "device" && hole[2] == "add" {
 			undo = []string{"config", "device", "remove", "{}", hole[4]}
+		} else if hole[1] == "device" {
+			undo = []string{"config", "device", "set", "{}", hole[4], "security.port_isolation=true"}
 		}
 		h.expect(0, "", append([]string{"incus", a, "--"}, undo...)...)
 	}
