@@ -161,7 +161,11 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	<-dhcpDone
 	e.leasesIntact(ctx, phase[WindowLeases])
 	e.soak(ctx, phase[WindowSoak])
+	saved := e.restartPhase(ctx, phase[WindowRestart])
 	hits := e.allHits(ctx)
+	for name, hs := range saved {
+		hits[name] = append(hs, hits[name]...)
+	}
 	heard(m.Rows, hits, t)
 	Judge(m.Rows)
 	if err := Complete(cases, m.Rows); err != nil {

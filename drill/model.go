@@ -253,6 +253,7 @@ const (
 	WindowDHCP    = "dhcp"    // once dnsmasq is back from the re-apply, beside everything else
 	WindowLeases  = "leases"  // read from dnsmasq once the DHCP rows are done
 	WindowSoak    = "soak"    // --soak: many re-applies, an incusd restart and a drift repair under one flood
+	WindowRestart = "restart" // --soak: the first box restarted behind claudebox's back, before anything binds it
 )
 
 // Kinds the lab observes itself.
@@ -262,6 +263,7 @@ const (
 	KindLabConntrackIn  = "lab-conntrack-in"  // conntrack holds a flow into a box from the host or the decoy
 	KindLabLeaseIntact  = "lab-lease-intact"  // dnsmasq lost a box's lease (after a sibling's spoofed release)
 	KindLabSoak         = "lab-soak"          // the soak's re-applies, restart and repair all happened inside the flood
+	KindLabRestarted    = "lab-restarted"     // the first box restarted (a new veth) and runs again
 )
 
 func (t *Topology) publicEnd() Endpoint {

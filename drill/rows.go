@@ -25,6 +25,13 @@ var (
 		}
 		return boxEnds(t.Boxes, nil)
 	}}
+	// FromRestarted is the first box, restarted behind claudebox's back (--soak).
+	FromRestarted = Selector{"the first box, restarted (--soak)", func(t *Topology, _ Endpoint) []Endpoint {
+		if t.Soak == 0 || len(t.Boxes) == 0 {
+			return nil
+		}
+		return boxEnds(t.Boxes[:1], nil)
+	}}
 	FromSoakHost = Selector{"the host (--soak)", func(t *Topology, _ Endpoint) []Endpoint {
 		if t.Soak == 0 {
 			return nil
@@ -90,6 +97,7 @@ var (
 	dhcpRenew      = Control{"ctl/dhcp-renew", EndSource, EndGateway}
 	windowControls = []Control{{"ctl/window-public", EndSource, EndPublic}, reapplied}
 	soaked         = Control{"ctl/soak", EndHost, EndGateway}
+	restarted      = Control{"ctl/restarted", EndSource, EndSource}
 	soakControls   = []Control{{"ctl/soak-public", EndSource, EndPublic}, soaked}
 	toHostFlood    = func(_, to Endpoint, t *Topology) probes.Spec {
 		return flood(udpTo(t.HostUDP, to.Addr), tcpTo(t.HostTCP, to.Addr))
@@ -259,6 +267,23 @@ var Claims = []ClaimRow{
 		Controls: soakControls, Holds: any1(LayerHostGuard, LayerWall), Window: WindowSoak},
 	{Key: "soak/conntrack-out", Claim: ClaimSoak, Kind: "conntrack", ID: "soak/conntrack-out", From: FromSoakHost, To: ToConntrackOut, Expect: Dropped,
 		Probe: lab(KindLabConntrackOut), Controls: []Control{soaked}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
+
+	// A box restarted behind claudebox's back — as `reboot` inside it does: Incus gives it a
+	// new veth — must not come back on a port no rule names. Before anything binds it again,
+	// it tries a sibling's address, a sibling's lease and the sibling's lease record.
+	{Key: "ctl/restarted", Claim: ClaimControl, Kind: "restart", ID: "ctl/{from}/restarted", From: FromRestarted, To: ToSelf, Expect: Open,
+		Probe: lab(KindLabRestarted), Window: WindowRestart},
+	{Key: "restart/sibling-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "restart/{from}>{to}/sibling-ip", From: FromRestarted, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowRestart, Controls: []Control{restarted, inetTCP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
+	{Key: "restart/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "restart/{from}>{to}/release", From: FromRestarted, To: ToOtherBoxes, Expect: NoLease,
+		Window: WindowRestart, Controls: []Control{restarted, dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
+		}},
+	{Key: "restart/release-intact", Claim: ClaimSpoof, Kind: "lease", ID: "restart/{from}>{to}/lease-intact", From: FromRestarted, To: ToOtherBoxes,
+		Expect: Dropped, Window: WindowRestart, Controls: []Control{restarted, {"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding, LayerL2Ranges),
+		Probe: lab(KindLabLeaseIntact)},
 
 	// No spoofing: a box sends only from its own MAC and address, answers ARP only for its own
 	// address, and can neither release, steal nor invent a lease. The other end is the

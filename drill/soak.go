@@ -182,3 +182,46 @@ func (e *engine) collectDetached(ctx context.Context, b *Box, n int) ([]probes.R
 	}
 	return out, nil
 }
+
+// restartPhase restarts the first box through Incus, not claudebox (as a reboot inside the box
+// does: Incus gives it a new veth), and runs the restart rows before anything binds its port
+// again; then it binds, as the box verbs would, so the run goes on from the declared stack.
+// It returns the hits the box's listeners had before the restart (the restart empties them).
+func (e *engine) restartPhase(ctx context.Context, rows []*Row) map[string][]probes.Hit {
+	if len(rows) == 0 || len(e.boxes) == 0 {
+		return nil
+	}
+	first := e.boxes[0]
+	saved := map[string][]probes.Hit{first.Name: e.hits(ctx, first)}
+	var probeRows, labRows []*Row
+	for _, r := range rows {
+		if strings.HasPrefix(r.Probe.Kind, "lab-") {
+			labRows = append(labRows, r)
+		} else {
+			probeRows = append(probeRows, r)
+		}
+	}
+	restartErr := e.c.SetState(ctx, first.Name, "restart", true, 0)
+	var nb *Box
+	if restartErr == nil {
+		nb, restartErr = e.waitReady(ctx, first.Name)
+	}
+	if restartErr != nil {
+		failRows(rows, "restarting "+first.Name+": "+restartErr.Error())
+		return saved
+	}
+	e.boxes[0] = nb
+	for _, r := range labRows {
+		if r.Probe.Kind == KindLabRestarted {
+			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.Open,
+				Evidence: fmt.Sprintf("restarted through Incus: port %s before, %s after", first.Veth, nb.Veth)}
+			r.Observed = Observe(r.Case, r.Result)
+		}
+	}
+	e.execute(ctx, probeRows)
+	e.leasesIntact(ctx, labRows)
+	if err := e.host.BindPorts(ctx); err != nil {
+		e.progress("  binding %s's port again: %v", first.Name, err)
+	}
+	return saved
+}
