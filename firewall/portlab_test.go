@@ -152,6 +152,12 @@ func arpBody(shape []byte, op uint16, sha net.HardwareAddr, spa string, tpa stri
 
 var arpEthIPv4 = []byte{0, 1, 8, 0, 6, 4}
 
+// withField overwrites b at off with v (a BOOTP field: hops 3, ciaddr 12, giaddr 24).
+func withField(b []byte, off int, v []byte) []byte {
+	copy(b[off:], v)
+	return b
+}
+
 // bootp is a BOOTP request (DHCP discover/release) for chaddr with hlen, the
 // marker in its file field.
 func bootp(chaddr net.HardwareAddr, hlen byte, msgType byte, name string) []byte {
@@ -370,6 +376,11 @@ func (l *portLab) frameCases() []frameCase {
 		{"arp-not-ethernet-ipv4", eth(box, arp, arpBody([]byte{0, 1, 0x86, 0xdd, 6, 4}, 2, box, own, own, "arp-not-ethernet-ipv4")), []string{kPortARPShape}},
 		{"dhcp-foreign-chaddr", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(fake, 6, 1, "dhcp-foreign-chaddr"))), []string{kPortChaddr, kL2Chaddr}},
 		{"dhcp-release-sibling", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, bootp(sib, 6, 7, "dhcp-release-sibling"))), []string{kPortChaddr, kL2Chaddr}},
+		// A relayed request (giaddr a sibling's address): dnsmasq would answer at the sibling.
+		{"dhcp-relay-giaddr", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, withField(bootp(box, 6, 1, "dhcp-relay-giaddr"), 24, net.ParseIP(plSib).To4()))), []string{kPortRelay, kL2Relay}},
+		{"dhcp-relay-hops", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, withField(bootp(box, 6, 1, "dhcp-relay-hops"), 3, []byte{1}))), []string{kPortRelay, kL2Relay}},
+		{"dhcp-from-port-67", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 67, 67, 0, bootp(box, 6, 1, "dhcp-from-port-67"))), []string{kPortRelay, kL2Relay}},
+		{"dhcp-ciaddr-sibling", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0, withField(bootp(box, 6, 3, "dhcp-ciaddr-sibling"), 12, net.ParseIP(plSib).To4()))), []string{kPortRelay, kL2Relay}},
 		{"dhcp-hlen-16", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0, bootp(box, 16, 1, "dhcp-hlen-16"))), []string{kPortDHCPHw, kL2DHCPHw}},
 		{"0.0.0.0-not-dhcp", eth(box, ip4, udp("0.0.0.0-not-dhcp", "0.0.0.0", "255.255.255.255", 1234, 9999)), []string{kPortZero}},
 		// A first fragment (MF) of a DHCP discover with its own chaddr: the
@@ -377,7 +388,7 @@ func (l *portLab) frameCases() []frameCase {
 		{"0.0.0.0-fragment", eth(box, ip4, ipv4Packet("0.0.0.0", "255.255.255.255", 68, 67, 0x2000, bootp(box, 6, 1, "0.0.0.0-fragment"))), []string{kPortFrag, kPortZero, kL2Frag}},
 		// A later fragment (offset 8) to the gateway: no transport header, so
 		// no DHCP rule can see a chaddr in it; only the fragment rules hold it.
-		{"later-fragment-to-gateway", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0x0001, []byte(marker("later-fragment-to-gateway")))), []string{kPortFrag, kL2Frag}},
+		{"later-fragment-to-gateway", etherFrame(gwMAC, box, ip4, ipv4Packet(own, wlGW, 68, 67, 0x0001, []byte(marker("later-fragment-to-gateway")))), []string{kPortFrag, kL2Frag, kPortRelay, kL2Relay}},
 		{"vlan0-ipv4", taggedFrame(bcastMAC, box, 0x8100, 0, ip4, udp("vlan0-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},
 		{"vlan5-ipv4", taggedFrame(bcastMAC, box, 0x8100, 5, ip4, udp("vlan5-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},
 		{"qinq-ipv4", taggedFrame(bcastMAC, box, 0x88a8, 7, ip4, udp("qinq-ipv4", own, "255.255.255.255", 9, 9)), []string{kPortEthertype}},

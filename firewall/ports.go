@@ -96,6 +96,10 @@ const (
 	kL2DHCPHw      = "l2-dhcp-hw"
 	kL2Chaddr      = "l2-dhcp-chaddr"
 	kL2Frag        = "l2-frag"
+	kPortRelay     = "port-dhcp-relay"
+	kL2Relay       = "l2-dhcp-relay"
+	kL2OutChaddr   = "l2-out-dhcp-chaddr"
+	kL2OutDstMAC   = "l2-out-dst-mac"
 	kL2BlockedSrc  = "l2-blocked-saddr"
 	kL2HostSYN     = "l2-host-syn"
 	kL2HostUDP     = "l2-host-udp"
@@ -187,6 +191,28 @@ func ipFragment() []expr.Any {
 	return masked(expr.PayloadBaseNetworkHeader, 6, []byte{0x3f, 0xff}, expr.CmpOpNeq, []byte{0, 0})
 }
 
+type relayRule struct {
+	why string
+	ex  [][]expr.Any
+}
+
+// dhcpRelayRules: DHCP from a box is a client's, never a relay's. dnsmasq sends its answer
+// to a relayed request to giaddr, port 67: a box naming a sibling there (or the subnet's
+// broadcast) reached it through the gateway with every other layer on (found by the
+// attacker). No giaddr, no hops, not from port 67, and ciaddr only the box's own (a renew
+// naming a sibling's address makes dnsmasq broadcast a NAK carrying the sender's xid).
+func dhcpRelayRules(own *net.IPNet) []relayRule {
+	zero4 := []byte{0, 0, 0, 0}
+	dport := thPort(2, expr.CmpOpEq, 67)
+	return []relayRule{
+		{"DHCP to a server never relayed: giaddr 0", [][]expr.Any{dport, rawCmp(expr.PayloadBaseTransportHeader, 8+24, expr.CmpOpNeq, zero4)}},
+		{"DHCP to a server never relayed: hops 0", [][]expr.Any{dport, rawCmp(expr.PayloadBaseTransportHeader, 8+3, expr.CmpOpNeq, []byte{0})}},
+		{"DHCP to a server never from the relay port 67", [][]expr.Any{relayPorts()}},
+		{"DHCP to a server with ciaddr only the box's own or 0.0.0.0",
+			[][]expr.Any{dport, rawCmp(expr.PayloadBaseTransportHeader, 8+12, expr.CmpOpNeq, own.IP.To4()), rawCmp(expr.PayloadBaseTransportHeader, 8+12, expr.CmpOpNeq, zero4)}},
+	}
+}
+
 // portRules are the prerouting chain's rules, port by port, in Ports order.
 func portRules(s Spec) []Rule {
 	bt, _ := TableNames(s.Bridge)
@@ -227,6 +253,9 @@ func portRules(s Spec) []Rule {
 			ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+1, expr.CmpOpNeq, []byte{1, 6}))
 		r(kPortChaddr, "DHCP to a server only with chaddr "+p.MAC.String()+" (no lease, release or request for another MAC)",
 			ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+28, expr.CmpOpNeq, mac))
+		for _, rr := range dhcpRelayRules(own) {
+			r(kPortRelay, rr.why, append([][]expr.Any{ip, udp}, rr.ex...)...)
+		}
 		r(kPortFrag, "no IPv4 fragment to the box subnet (a DHCP chaddr in a later fragment)",
 			ip, ip4Op(16, expr.CmpOpEq, n), ipFragment())
 		r(kPortFrag, "no IPv4 fragment to the limited broadcast",
@@ -265,10 +294,30 @@ func l2RangeRules(s Spec) []Rule {
 				in, ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+1, expr.CmpOpNeq, []byte{1, 6})),
 			mk(InputChain, kL2Chaddr, p.Port+": DHCP to the host only with chaddr "+p.MAC.String()+" (no release of a sibling's lease)",
 				in, ip, udp, thPort(2, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+28, expr.CmpOpNeq, mac)),
+		)
+		a := p.IPv4.Unmap().As4()
+		for _, rr := range dhcpRelayRules(host32(net.IP(a[:]))) {
+			rules = append(rules, mk(InputChain, kL2Relay, p.Port+": "+rr.why, append([][]expr.Any{in, ip, udp}, rr.ex...)...))
+		}
+		rules = append(rules,
 			mk(InputChain, kL2Frag, p.Port+": no IPv4 fragment to the box subnet (a DHCP chaddr in a later fragment)",
 				in, ip, ip4Op(16, expr.CmpOpEq, n), ipFragment()),
 			mk(InputChain, kL2Frag, p.Port+": no IPv4 fragment to the limited broadcast",
 				in, ip, ip4Op(16, expr.CmpOpEq, host32(net.IPv4bcast.To4())), ipFragment()),
+		)
+	}
+	for _, p := range s.Ports {
+		out := ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpEq, p.Port)
+		mac := []byte(p.MAC)
+		rules = append(rules,
+			// dnsmasq answers a relay at giaddr: a DHCP reply on a port must be for that port's
+			// box, or a box could reach a sibling through the gateway (found by the attacker).
+			mk(OutputChain, kL2OutChaddr, p.Port+": DHCP replies out of this port only with chaddr "+p.MAC.String(),
+				out, ip, udp, thPort(0, expr.CmpOpEq, 67), rawCmp(expr.PayloadBaseTransportHeader, 8+28, expr.CmpOpNeq, mac)),
+			// A frame for a box whose FDB entry is gone (stopped, restarting) is flooded to
+			// every port: only the port's own MAC (and group addresses) may leave by it.
+			mk(OutputChain, kL2OutDstMAC, p.Port+": unicast out of this port only to "+p.MAC.String(),
+				out, masked(expr.PayloadBaseLLHeader, 0, []byte{1}, expr.CmpOpEq, []byte{0}), rawCmp(expr.PayloadBaseLLHeader, 0, expr.CmpOpNeq, mac)),
 		)
 	}
 	for _, p := range s.blocked() {

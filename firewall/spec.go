@@ -332,6 +332,8 @@ func Desired(s Spec) []Rule {
 			ctStateNew(), l4proto(expr.CmpOpNeq, ipprotoUDP), drop),
 		guardInto(s.Bridge, OutputChain, "host→box: no new udp flow but dnsmasq's DHCP replies",
 			ctStateNew(), l4proto(expr.CmpOpEq, ipprotoUDP), thPort(0, expr.CmpOpNeq, 67), drop),
+		guardInto(s.Bridge, OutputChain, "host→box: no DHCP relay reply (dnsmasq answers a relayed request at giaddr:67)",
+			l4proto(expr.CmpOpEq, ipprotoUDP), relayPorts(), drop),
 		guardInto(s.Bridge, InboundChain, "nothing routed opens a new flow into a box", ctStateNew(), drop),
 	)
 	rules = append(rules, wallRules(s)...)
@@ -339,6 +341,11 @@ func Desired(s Spec) []Rule {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
 	}
 	return rules
+}
+
+// relayPorts is `th sport 67 th dport 67` the way nft compiles it: one 32-bit compare.
+func relayPorts() []expr.Any {
+	return rawCmp(expr.PayloadBaseTransportHeader, 0, expr.CmpOpEq, []byte{0, 67, 0, 67})
 }
 
 // guardInto is a guard rule on packets leaving by the bridge (oifname B).

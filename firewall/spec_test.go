@@ -73,6 +73,7 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard input: iifname "claudenet" drop`,
 		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto != udp drop`,
 		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
+		`inet claudebox_claudenet_guard output: oifname "claudenet" meta l4proto udp @th,0,32 0x00430043 drop`,
 		`inet claudebox_claudenet_guard inbound: oifname "claudenet" ct state new drop`,
 	}
 	gw := net.ParseIP("10.77.12.1")
@@ -255,6 +256,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 		w+`output: oifname "claudenet" meta nfproto ipv6 drop`,
 		w+`output: oifname "claudenet" ct state new meta l4proto != udp drop`,
 		w+`output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
+		w+`output: oifname "claudenet" meta l4proto udp @th,0,32 0x00430043 drop`,
 		w+`postrouting: meta nfproto ipv4 ip saddr 10.77.12.0/24 oifname != "claudenet" oifname != "lo" masquerade`,
 	)
 	return strings.Join(lines, "\n")

@@ -294,6 +294,7 @@ const (
 	wOutIPv6       = "out-ipv6"
 	wOutNewNotUDP  = "out-new-not-udp"
 	wOutNewUDP     = "out-new-udp"
+	wOutDHCPPort   = "out-dhcp-port"
 	wNATMasq       = "nat-masquerade"
 )
 
@@ -376,6 +377,8 @@ func wallRules(s Spec) []Rule {
 		mk(OutputChain, wOutIPv6, "no IPv6 from the host to boxes (no RA)", outB, ipv6, drop),
 		mk(OutputChain, wOutNewNotUDP, "host→box: no new connection", outB, ctStateNew(), l4proto(expr.CmpOpNeq, ipprotoUDP), drop),
 		mk(OutputChain, wOutNewUDP, "host→box: no new udp flow but DHCP replies", outB, ctStateNew(), udp, thPort(0, expr.CmpOpNeq, 67), drop),
+		mk(OutputChain, wOutDHCPPort, "host→box: no DHCP relay reply (dnsmasq answers a relayed request at giaddr:67)",
+			outB, udp, relayPorts(), drop),
 
 		mk(PostroutingChain, wNATMasq, "own masquerade: box egress is never un-NATed, even while Incus's is gone",
 			ipv4, ip4Op(12, expr.CmpOpEq, n), notOutB, notOutLo, []expr.Any{&expr.Masq{}}),
