@@ -113,16 +113,28 @@ func bridgeFDB(bridge string) ([]fdbEntry, error) {
 	return out, nil
 }
 
-// PortLearning reads a bridge port's brport/learning: "on", "off" or "unreadable".
+// PortLearning reads a bridge port's brport/learning and brport/unicast_flood: "off" when
+// both are 0 (the port teaches the bridge nothing and gets no unknown-unicast flood: a frame
+// for a box whose entry is gone — stopped, restarting — is not copied to its siblings),
+// "on" when both are 1, else which is on, or "unreadable".
 func (k Kernel) PortLearning(port string) string {
-	b, err := os.ReadFile(filepath.Join(k.Sys, "class/net", port, "brport/learning"))
-	switch {
-	case err != nil:
-		return "unreadable"
-	case strings.TrimSpace(string(b)) == "0":
-		return "off"
+	read := func(f string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(k.Sys, "class/net", port, "brport", f))
+		return strings.TrimSpace(string(b)), err
 	}
-	return "on"
+	learn, err1 := read("learning")
+	flood, err2 := read("unicast_flood")
+	switch {
+	case err1 != nil || err2 != nil:
+		return "unreadable"
+	case learn == "0" && flood == "0":
+		return "off"
+	case learn != "0" && flood != "0":
+		return "on"
+	case learn != "0":
+		return "on (learning; unicast flood off)"
+	}
+	return "on (unicast flood; learning off)"
 }
 
 // FDBPins reads the pin of every NIC that can be bound (nics without a Problem), and the
@@ -198,6 +210,9 @@ func (k Kernel) PinFDB(bridge string, bs []firewall.PortBinding) (changed bool, 
 			if err := netlink.LinkSetLearning(l, false); err != nil {
 				return changed, fmt.Errorf("learning off on %s: %w", b.Port, err)
 			}
+			if err := netlink.LinkSetFlood(l, false); err != nil {
+				return changed, fmt.Errorf("unicast flood off on %s: %w", b.Port, err)
+			}
 		}
 	}
 	return changed, nil
@@ -242,6 +257,9 @@ func (k Kernel) UnpinFDB(bridge string, b firewall.PortBinding) error {
 	}
 	if err := netlink.LinkSetLearning(l, true); err != nil {
 		return fmt.Errorf("learning on on %s: %w", b.Port, err)
+	}
+	if err := netlink.LinkSetFlood(l, true); err != nil {
+		return fmt.Errorf("unicast flood on on %s: %w", b.Port, err)
 	}
 	return nil
 }
