@@ -277,7 +277,7 @@ func (e *engine) topology() *Topology {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
 	}
-	t.Round = e.rounds
+	t.Round, t.Bridge = e.rounds, e.o.Stack.Network
 	if e.rounds <= 1 {
 		t.Soak = e.o.Soak // the first matrix only: the seeded holes do not soak
 	}

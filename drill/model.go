@@ -80,6 +80,8 @@ type Topology struct {
 	// Round numbers the matrices of a run: markers differ per round, so what a listener
 	// heard in an earlier matrix (a seeded hole) is never taken for this one's.
 	Round int
+	// Bridge is the stack's bridge (the host's frames onto it leave by this interface).
+	Bridge string
 	// Soak is how many re-applies the soak runs (0: no soak rows).
 	Soak int
 }
@@ -213,7 +215,7 @@ func Plan(rows []ClaimRow, t *Topology, timeout time.Duration) ([]Case, error) {
 // activeKind: probes whose frames carry a marker the receivers record.
 func activeKind(k string) bool {
 	switch k {
-	case probes.KindUDP, probes.KindFlood, probes.KindSpoofUDP, probes.KindFrame, probes.KindMACSpoof, probes.KindARPSpoof:
+	case probes.KindUDP, probes.KindFlood, probes.KindSpoofUDP, probes.KindFrame, probes.KindMACSpoof, probes.KindARPSpoof, probes.KindDHCPRelay:
 		return true
 	}
 	return false

@@ -76,6 +76,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"lan/tcp": 3, "lan/udp": 3, "lan/icmp": 3, "cgnat/tcp": 9, "cgnat/udp": 6, "cgnat/icmp": 6,
 		"ipv6/facts": 3, "host-box/tcp": 3, "host-box/udp": 3,
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
+		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
 	}
 	got := byRow(plan(t))

@@ -268,6 +268,16 @@ var Claims = []ClaimRow{
 	{Key: "soak/conntrack-out", Claim: ClaimSoak, Kind: "conntrack", ID: "soak/conntrack-out", From: FromSoakHost, To: ToConntrackOut, Expect: Dropped,
 		Probe: lab(KindLabConntrackOut), Controls: []Control{soaked}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowSoak},
 
+	// A frame for a MAC the bridge has no entry for (a box stopped or restarting) is flooded
+	// to every port: no box may hear one (found by the attacker). The host sends it onto the
+	// bridge; the boxes' captures are the evidence.
+	{Key: "frames/unknown-unicast", Claim: ClaimFrames, Kind: "frame", ID: "frames/host>{to}/unknown-unicast", From: FromHost, To: ToBoxes,
+		Expect: Dropped, Window: WindowSpoof, Controls: []Control{{"ctl/self-udp", EndTarget, EndTarget}}, Holds: any1(LayerL2Ranges, LayerFDBPin),
+		Probe: func(_, _ Endpoint, t *Topology) probes.Spec {
+			return probes.Spec{Kind: probes.KindFrame, Iface: t.Bridge, Timeout: 500 * time.Millisecond,
+				Frame: &probes.FrameSpec{Variant: probes.FrameEthertype, DstMAC: "02:cb:dd:00:00:01"}}
+		}},
+
 	// A box restarted behind claudebox's back — as `reboot` inside it does: Incus gives it a
 	// new veth — must not come back on a port no rule names. Before anything binds it again,
 	// it tries a sibling's address, a sibling's lease and the sibling's lease record.
@@ -331,6 +341,15 @@ var Claims = []ClaimRow{
 		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
+		}},
+	// A box posing as a DHCP relay (giaddr a sibling's address): dnsmasq answers at
+	// giaddr:67, echoing option 82 — a path from box to box through the gateway with every
+	// box→box layer on (found by the attacker). The sibling's capture hearing the marker is
+	// the evidence.
+	{Key: "dhcp/relay", Claim: ClaimSpoof, Kind: "dhcp-relay", ID: "dhcp/{from}>{to}/relay", From: FromBoxes, To: ToOtherBoxes, Expect: Dropped,
+		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerPortBinding, LayerL2Ranges, LayerHostGuard, LayerWall),
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return dhcpSpec(probes.KindDHCPRelay, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String()})
 		}},
 	// The release itself: dnsmasq keys leases by chaddr, so a release naming the sibling's
 	// MAC frees its lease record. Harmless while the reservation holds the address for it

@@ -194,7 +194,7 @@ func (s Spec) validateActiveFields() error {
 		return s.Flood.validate(s.Timeout)
 	case KindSpoofUDP, KindARPSpoof, KindMACSpoof:
 		return s.validateSpoof()
-	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC:
+	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay:
 		return s.validateDHCP()
 	case KindFrame:
 		return s.validateFrame()
@@ -272,7 +272,7 @@ func (s Spec) validateDHCP() error {
 			return err
 		}
 		return parseIPv4("dhcp.victim_ip", d.VictimIP, true)
-	case KindDHCPSteal:
+	case KindDHCPSteal, KindDHCPRelay:
 		return parseIPv4("dhcp.victim_ip", d.VictimIP, true)
 	}
 	return nil
@@ -310,7 +310,7 @@ func defaultTimeout(s Spec) time.Duration {
 		if s.Flood != nil {
 			return s.Flood.Duration.D() + time.Second
 		}
-	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC:
+	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay:
 		return 5 * time.Second
 	}
 	return DefaultTimeout
@@ -327,7 +327,7 @@ func runActive(ctx context.Context, s Spec, r *Result) {
 		probeARPSpoof(ctx, s, r)
 	case KindMACSpoof:
 		probeMACSpoof(ctx, s, r)
-	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC:
+	case KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay:
 		probeDHCP(ctx, s, r)
 	case KindFrame:
 		probeFrame(ctx, s, r)

@@ -161,6 +161,18 @@ func macOr(v string, def net.HardwareAddr) net.HardwareAddr {
 func (d *dhcpRun) messages(s Spec) (msgs []*dhcpv4.DHCPv4, chaddr net.HardwareAddr, want netip.Addr, err error) {
 	ds := s.DHCP
 	tag := dhcpv4.WithOption(dhcpv4.OptMessage(d.marker))
+	if s.Kind == KindDHCPRelay {
+		// A box posing as a relay: a DISCOVER for its own MAC naming the victim as giaddr,
+		// the marker in option 82, which dnsmasq echoes in its answer to giaddr:67.
+		chaddr = d.ifi.HardwareAddr
+		giaddr := net.ParseIP(ds.VictimIP).To4()
+		disc, err := dhcpv4.NewDiscovery(chaddr, tag, dhcpv4.WithGatewayIP(giaddr),
+			dhcpv4.WithOption(dhcpv4.OptRelayAgentInfo(dhcpv4.OptGeneric(dhcpv4.GenericOptionCode(1), []byte(d.marker)))))
+		if err == nil {
+			disc.HopCount = 1
+		}
+		return []*dhcpv4.DHCPv4{disc}, chaddr, netip.Addr{}, err
+	}
 	if s.Kind == KindDHCPFakeMAC {
 		chaddr = d.fake
 		disc, err := dhcpv4.NewDiscovery(chaddr, dhcpv4.WithBroadcast(true), tag)
@@ -199,7 +211,7 @@ func (d *dhcpRun) messages(s Spec) (msgs []*dhcpv4.DHCPv4, chaddr net.HardwareAd
 // broadcast from 0.0.0.0 for the rest.
 func (d *dhcpRun) frame(m *dhcpv4.DHCPv4) []byte {
 	src, dst, dmac := netip.IPv4Unspecified(), netip.AddrFrom4([4]byte{255, 255, 255, 255}), broadcastMAC
-	if m.MessageType() == dhcpv4.MessageTypeRelease {
+	if m.MessageType() == dhcpv4.MessageTypeRelease || !m.GatewayIPAddr.IsUnspecified() && m.GatewayIPAddr != nil {
 		dst, dmac = d.server, d.srvMAC
 		if d.own.IsValid() {
 			src = d.own
@@ -226,6 +238,8 @@ func judgeDHCP(kind Kind, m *dhcpv4.DHCPv4, want netip.Addr) (Outcome, string) {
 	switch {
 	case t == dhcpv4.MessageTypeNak:
 		return Refused, fmt.Sprintf("server said NAK (%q)", m.Message())
+	case kind == KindDHCPRelay:
+		return Open, fmt.Sprintf("%s to the relay request came back to the sender", t)
 	case kind == KindDHCPFakeMAC && (t == dhcpv4.MessageTypeOffer || t == dhcpv4.MessageTypeAck):
 		return Open, fmt.Sprintf("%s of %s to the fake MAC %s", t, yi, m.ClientHWAddr)
 	case yi == want && (t == dhcpv4.MessageTypeOffer || t == dhcpv4.MessageTypeAck):

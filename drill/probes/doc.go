@@ -75,6 +75,7 @@
 //	dhcp-steal     DHCP{VictimIP, AskMAC?}: the REQUEST alone (no DISCOVER, so dnsmasq's
 //	               ping-before-offer does not apply). Outcomes as dhcp-release.
 //	dhcp-fake-mac  DHCP{FakeMAC?, OwnFrame?}: DISCOVER with a fake chaddr from a frame with that source (OwnFrame: from our own MAC)
+//	dhcp-relay     DHCP{VictimIP}: a relayed DISCOVER (giaddr VictimIP, hops 1, the marker in option 82) to the server from our address: open if anything answers us; the victim hearing the marker is the real evidence
 //	               MAC. Any OFFER/ACK to it → open; NAK → refused; silence → dropped.
 //	               The dhcp kinds default to a 5 s Timeout (dnsmasq holds a new client's
 //	               offer ~3 s while it pings the address).

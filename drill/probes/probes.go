@@ -54,12 +54,13 @@ const (
 	KindDHCPRelease Kind = "dhcp-release"
 	KindDHCPSteal   Kind = "dhcp-steal"
 	KindDHCPFakeMAC Kind = "dhcp-fake-mac"
+	KindDHCPRelay   Kind = "dhcp-relay"
 	KindFrame       Kind = "frame"
 )
 
 // AllKinds lists every kind, in the order of doc.go.
 var AllKinds = []Kind{KindTCP, KindUDP, KindICMP, KindARP, KindTCP6LL, KindDNS, KindHTTP, KindFacts,
-	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindFrame}
+	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame}
 
 // DefaultTimeout applies when Spec.Timeout is zero.
 const DefaultTimeout = 2 * time.Second
@@ -237,7 +238,7 @@ func (s Spec) Validate() error {
 		return nil
 	case KindFacts:
 		return nil
-	case KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindFrame:
+	case KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame:
 		return s.validateActive()
 	case "":
 		return errors.New("probe kind is empty")
