@@ -78,8 +78,11 @@ func Run(env *Env, args []string) int {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
+	// Never stopped: a signal after the command's work is done (between Run returning and
+	// the process exiting) must not kill a process whose box is whole — it exits with its
+	// code. Measured: `new` finished at 300 ms, a SIGINT then killed it (exit -1) with the
+	// box running.
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	go func() {
 		select {
 		case s := <-sigs:
