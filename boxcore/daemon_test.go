@@ -20,8 +20,6 @@ func TestFindDaemonIsTheDaemon(t *testing.T) {
 	if filepath.Base(argv[0]) != "incusd" {
 		t.Fatalf("pid %d %q is not the daemon", pid, argv)
 	}
-	raw, _ := os.ReadFile("/proc/" + itoa(pid) + "/cmdline")
+	raw, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	t.Logf("incusd pid %d: %q", pid, raw)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

@@ -13,18 +13,10 @@ import (
 	"github.com/claudebox/claudebox/internal/teststack"
 )
 
-// fdbPortOf returns the bridge port `bridge fdb show` has mac on.
+// fdbPortOf returns the bridge port `bridge fdb show` has mac on ("" if none).
 func fdbPortOf(t *testing.T, bridge string, mac net.HardwareAddr) string {
-	t.Helper()
-	out, err := exec.Command("bridge", "fdb", "show", "br", bridge).CombinedOutput()
-	if err != nil {
-		t.Fatalf("bridge fdb show: %v %s", err, out)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && strings.EqualFold(f[0], mac.String()) && f[1] == "dev" {
-			return f[2]
-		}
+	if f := strings.Fields(fdbLine(t, bridge, mac)); len(f) >= 3 {
+		return f[2]
 	}
 	return ""
 }

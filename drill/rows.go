@@ -119,13 +119,19 @@ var (
 	defaultSelfTCP = func(from, _ Endpoint, _ *Topology) probes.Spec { return tcp(from.Box.IPv4, probes.DefaultTCPPort) }
 	defaultSelfUDP = func(from, _ Endpoint, _ *Topology) probes.Spec { return udp(from.Box.IPv4, probes.DefaultUDPPort) }
 	toAddrTCP      = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Addr, to.Port) }
-	toAddrICMP     = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
-	toDecoyUDP     = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
-	toBoxTCP       = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
-	toBoxUDP       = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
-	toHostTCP      = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
-	toHostUDP      = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
-	askGateway     = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
+	// A sibling's address as the source (replies go to the public decoy).
+	spoofSiblingIP = func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }
+	// A release of the sibling's lease (its chaddr and address) sent to the gateway.
+	releaseSibling = func(_, to Endpoint, t *Topology) probes.Spec {
+		return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
+	}
+	toAddrICMP = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
+	toDecoyUDP = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
+	toBoxTCP   = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
+	toBoxUDP   = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
+	toHostTCP  = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
+	toHostUDP  = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
+	askGateway = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
 		return func(_, to Endpoint, t *Topology) probes.Spec { return dnsq(t.Gateway.Addr(), name(to, t), typ) }
 	}
 )
@@ -243,7 +249,7 @@ var Claims = []ClaimRow{
 		Probe: toBoxFlood, Controls: []Control{selfUDP, reapplied, {"ctl/window-decoy", EndSource, EndHost}}, Holds: any1(LayerWall, LayerHostGuard, LayerL2Ranges), Window: WindowReapply},
 	// Flows out of a box are dropped before conntrack by either layer (the L2 input hook runs
 	// before the IP stack); flows into a box are confirmed before the bridge's output hook
-	// drops their packets, so only the wall keeps them out of the table.
+	// drops their packets, so the wall and the guard keep them out of the table.
 	{Key: "window/conntrack-out", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-out", From: FromHost, To: ToConntrackOut, Expect: Dropped,
 		Probe: lab(KindLabConntrackOut), Controls: []Control{reapplied}, Holds: any1(LayerWall, LayerL2Ranges), Window: WindowReapply},
 	{Key: "window/conntrack-in", Claim: ClaimWindow, Kind: "conntrack", ID: "window/conntrack-in", From: FromHost, To: ToConntrackIn, Expect: Dropped,
@@ -285,12 +291,10 @@ var Claims = []ClaimRow{
 		Probe: lab(KindLabRestarted), Window: WindowRestart},
 	{Key: "restart/sibling-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "restart/{from}>{to}/sibling-ip", From: FromRestarted, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowRestart, Controls: []Control{restarted, inetTCP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
-		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
+		Probe: spoofSiblingIP},
 	{Key: "restart/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "restart/{from}>{to}/release", From: FromRestarted, To: ToOtherBoxes, Expect: NoLease,
 		Window: WindowRestart, Controls: []Control{restarted, dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
-		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
-			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
-		}},
+		Probe: releaseSibling},
 	{Key: "restart/release-intact", Claim: ClaimSpoof, Kind: "lease", ID: "restart/{from}>{to}/lease-intact", From: FromRestarted, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowRestart, Controls: []Control{restarted, {"ctl/dhcp-renew", EndTarget, EndGateway}}, Holds: any1(LayerPortBinding, LayerL2Ranges),
 		Probe: lab(KindLabLeaseIntact)},
@@ -302,7 +306,7 @@ var Claims = []ClaimRow{
 	// spoof disturbs the victim's traffic.
 	{Key: "spoof/sibling-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}>{to}/sibling-ip", From: FromBoxes, To: ToOtherBoxes,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP, selfUDP}, Holds: any1(LayerNICFiltering, LayerPortBinding),
-		Probe: func(_, to Endpoint, t *Topology) probes.Spec { return spoofUDP(to.Box.IPv4, t.Public) }},
+		Probe: spoofSiblingIP},
 	{Key: "spoof/any-ip", Claim: ClaimSpoof, Kind: "spoof-udp", ID: "spoof/{from}/any-ip", From: FromBoxes, To: ToPublic,
 		Expect: Dropped, Window: WindowSpoof, Controls: []Control{inetTCP}, Holds: any1(LayerNICFiltering, LayerWall, LayerPortBinding),
 		// The forged source is an address nobody owns: the public decoy's answer to it is
@@ -339,9 +343,7 @@ var Claims = []ClaimRow{
 	// measure. The release row frees the lease first.)
 	{Key: "dhcp/release", Claim: ClaimSpoof, Kind: "dhcp-release", ID: "dhcp/{from}>{to}/release", From: FromBoxes, To: ToOtherBoxes, Expect: NoLease,
 		Window: WindowDHCP, Controls: []Control{dhcpRenew}, Holds: any1(LayerNICFiltering, LayerDHCPKnownOnly, LayerPortBinding, LayerL2Ranges),
-		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
-			return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
-		}},
+		Probe: releaseSibling},
 	// A box posing as a DHCP relay (giaddr a sibling's address): dnsmasq answers at
 	// giaddr:67, echoing option 82 — a path from box to box through the gateway with every
 	// box→box layer on (found by the attacker). The sibling's capture hearing the marker is
