@@ -62,7 +62,11 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	c.fdbPins(st)
 	c.rpFilter(st)
 	c.kernel(st)
+	if err := h.checkLimits(ctx, c); err != nil {
+		return CheckReport{}, err
+	}
 	h.checkUnit(c)
+	h.checkPool(ctx, c)
 	r := CheckReport{Rows: c.rows, OK: true}
 	for _, row := range r.Rows {
 		r.OK = r.OK && row.OK

@@ -20,16 +20,23 @@ import (
 //     nothing outside the box (the box can read its own user.* keys anyway)
 //   - volatile.*, image.*            Incus's bookkeeping and the image's description
 //   - cloud-init.user-data, cloud-init.vendor-data   the template's first boot (runs inside)
-//   - limits.cpu, limits.memory      --cpu, --memory
+//   - limits.cpu                     --cpu
+//   - limits.memory, limits.processes, limits.cpu.allowance   --memory, --processes and the
+//     host-sized defaults, but only within the caps (limits.go): a memory limit above the
+//     host's budget, a process limit above the cap, or a CPU allowance that is no hard quota
+//     of at most the default is looser than claudebox sets
 //   - a template's vm_config key with the template's value (security.secureboot=false)
 //
 // Everything else — security.*, raw.*, linux.*, limits.kernel.*, boot.*, other cloud-init
 // keys, ... — claudebox never sets, so it is not carried over.
 func OwnConfig(k, v string) bool {
+	if within, isLimit := DefaultLimits().limitWithinCaps(k, v); isLimit {
+		return within
+	}
 	switch {
 	case strings.HasPrefix(k, "user."), strings.HasPrefix(k, "volatile."), strings.HasPrefix(k, "image."):
 		return true
-	case k == "cloud-init.user-data", k == "cloud-init.vendor-data", k == "limits.cpu", k == "limits.memory":
+	case k == "cloud-init.user-data", k == "cloud-init.vendor-data", k == "limits.cpu":
 		return true
 	}
 	for _, t := range templates.List() {
@@ -49,9 +56,14 @@ var ownRootDiskKeys = []string{"type", "path", "pool", "size"}
 func OffBoundary(config map[string]string, devices map[string]map[string]string, s Stack) []string {
 	var out []string
 	for k, v := range config {
-		if !OwnConfig(k, v) {
-			out = append(out, fmt.Sprintf("config %s=%s (claudebox never sets %s)", k, short(v), keyClass(k)))
+		if OwnConfig(k, v) {
+			continue
 		}
+		if _, isLimit := DefaultLimits().limitWithinCaps(k, v); isLimit {
+			out = append(out, fmt.Sprintf("config %s=%s (looser than claudebox sets: %s)", k, short(v), DefaultLimits().capOf(k)))
+			continue
+		}
+		out = append(out, fmt.Sprintf("config %s=%s (claudebox never sets %s)", k, short(v), keyClass(k)))
 	}
 	for name, d := range devices {
 		if why := offDevice(name, d, s); why != "" {
@@ -74,7 +86,7 @@ func offDevice(name string, d map[string]string, s Stack) string {
 				return fmt.Sprintf("device %s: the root disk sets %s", name, k)
 			}
 		}
-		return ""
+		return offRootSize(name, d["size"], s)
 	case typ == "disk" && d["source"] != "" && d["pool"] == "":
 		return fmt.Sprintf("device %s: a disk mounting the host's %s at %s", name, d["source"], d["path"])
 	case typ == "disk":
@@ -87,6 +99,22 @@ func offDevice(name string, d map[string]string, s Stack) string {
 		return fmt.Sprintf("device %s: a proxy device (a path between the host and the box: %s -> %s)", name, d["listen"], d["connect"])
 	}
 	return fmt.Sprintf("device %s: a %s device, which claudebox never adds", name, firstNonEmpty(typ, "typeless"))
+}
+
+// offRootSize: a root size claudebox would give is a size at or below the stack's cap (the
+// pool's size); no size at all is the profile's.
+func offRootSize(name, size string, s Stack) string {
+	if size == "" {
+		return ""
+	}
+	n, err := DiskBytes(size)
+	switch {
+	case err != nil || n <= 0:
+		return fmt.Sprintf("device %s: the root disk's size %q is no size claudebox sets", name, size)
+	case s.MaxDisk > 0 && n > s.MaxDisk:
+		return fmt.Sprintf("device %s: the root disk's size %s is above the cap (pool %s holds %s)", name, size, s.Pool, humanBytes(s.MaxDisk))
+	}
+	return ""
 }
 
 func keyClass(k string) string {
@@ -217,7 +245,10 @@ func ClassifyHatch(args []string) []string {
 			if !hasValue(a) && i+1 < len(args) {
 				val = args[i+1]
 			}
-			if !OwnConfig(strings.ToLower(key), val) {
+			lk := strings.ToLower(key)
+			if _, isLimit := DefaultLimits().limitWithinCaps(lk, val); isLimit && !OwnConfig(lk, val) {
+				add("it sets " + key + " looser than claudebox does (" + DefaultLimits().capOf(lk) + "), or removes it")
+			} else if !OwnConfig(lk, val) {
 				add("it sets " + ns + ".* keys (" + key + "), which claudebox never puts on a box")
 			}
 		}

@@ -32,11 +32,14 @@ func ApplyTemplate(o *NewOptions, tc TemplateChoice) error {
 			o.Image = t.Image.VM
 		}
 	}
-	if o.CPU == "" && t.Resources.CPU > 0 {
-		o.CPU = strconv.Itoa(t.Resources.CPU)
+	// The template's resources, clamped to what this host can give (a 4GiB template on a
+	// small host gets the host's budget, not a refusal).
+	cpus, memory := DefaultLimits().ClampTemplate(t.Resources.CPU, t.Resources.Memory)
+	if o.CPU == "" && cpus > 0 {
+		o.CPU = strconv.Itoa(cpus)
 	}
 	if o.Memory == "" {
-		o.Memory = t.Resources.Memory
+		o.Memory = memory
 	}
 	if o.Disk == "" {
 		o.Disk = t.Resources.Disk

@@ -34,6 +34,9 @@ func NewHost(c *incus.Client, s Stack) *Host {
 type InitOptions struct {
 	Subnet string // A.B.C.0/24
 	DNS    string // "host" or IP[,IP...]
+	// PoolSize is the size of the stack's pool when init creates it ("": half the free space
+	// of INCUS_DIR's filesystem, clamped to [MinPoolSize, MaxPoolSize]).
+	PoolSize string
 }
 
 // Change is one thing init or teardown changed (or, in a plan, would change).
@@ -50,7 +53,11 @@ type InitPlan struct {
 	Gateway   *net.IPNet
 	Upstreams []string
 	Pool      string
+	// Warnings are what the user must hear even when nothing changes: a dir pool (no disk
+	// limits), a profile root Incus would not move.
+	Warnings []string
 
+	pool                       poolPlan
 	state                      *StackState
 	pinned                     bool // the subnet was the caller's choice: never re-picked
 	networkConfig              map[string]string
@@ -76,7 +83,7 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 		return nil, err
 	}
 	p := &InitPlan{pinned: pinned != nil}
-	if p.Pool, err = h.pickPool(ctx); err != nil {
+	if err := h.planPool(ctx, p, opts); err != nil {
 		return nil, err
 	}
 	if p.state, err = h.Read(ctx); err != nil {
@@ -234,6 +241,9 @@ func (h *Host) planKernel(p *InitPlan) error {
 // ApplyInit carries out a plan. The firewall chains and the ACL are rewritten whole on every run
 // (converge, never create-if-missing); the result lists what actually differed before.
 func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
+	if err := h.applyPool(ctx, p); err != nil {
+		return nil, err
+	}
 	if err := h.applyIncus(ctx, p); err != nil {
 		return nil, err
 	}
@@ -289,7 +299,13 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 			return fmt.Errorf("creating profile %s: %w", s.Profile, err)
 		}
 	} else if p.profileChanged {
-		if err := h.Client.UpdateProfile(ctx, prof, st.ETags.Profile); err != nil {
+		err := h.Client.UpdateProfile(ctx, prof, st.ETags.Profile)
+		if err != nil && rootMoveRefused(err) {
+			// Instances on the profile keep their root where it is; new boxes get their own.
+			p.Warnings = append(p.Warnings, keepProfileRoot(&prof, st.Profile, p.Pool))
+			err = h.Client.UpdateProfile(ctx, prof, st.ETags.Profile)
+		}
+		if err != nil {
 			return fmt.Errorf("updating profile %s: %w", s.Profile, changed("profile "+s.Profile, err))
 		}
 	}
@@ -431,6 +447,9 @@ func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
 	if st.Gateway == nil {
 		return false, &StackMissingError{Object: "network " + h.Stack.Network, Detail: fmt.Sprintf("has no IPv4 address (%q)", st.Network.Config["ipv4.address"])}
 	}
+	// The boot unit runs this: drop_subtree_threshold is back to the kernel's default after
+	// every mount of the pool, so it is set again here (best effort: host check reports it).
+	h.ensurePoolQuota(ctx)
 	return h.applyL2(h.FirewallSpec(st))
 }
 
@@ -455,26 +474,6 @@ func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 		spec.Uplinks = ups
 	}
 	return spec
-}
-
-// pickPool prefers the stack's pool, else the first pool the daemon has.
-func (h *Host) pickPool(ctx context.Context) (string, error) {
-	pools, err := h.Client.StoragePools(ctx)
-	if err != nil {
-		return "", err
-	}
-	if len(pools) == 0 {
-		return "", &NoStoragePoolError{}
-	}
-	names := make([]string, 0, len(pools))
-	for _, p := range pools {
-		if p.Name == h.Stack.Pool {
-			return p.Name, nil
-		}
-		names = append(names, p.Name)
-	}
-	slices.Sort(names)
-	return names[0], nil
 }
 
 // incusClaims are the IPv4 subnets other Incus networks hold, whether or not their bridge is up.

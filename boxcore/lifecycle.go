@@ -37,6 +37,9 @@ type Boxes struct {
 	// HostLocked: the caller holds the network's lock (the drill, around its whole run), so
 	// binding a started box's port must not take it again.
 	HostLocked bool
+	// Warn receives a line for the user (the memory budget warning of new and start); nil
+	// for silence.
+	Warn func(string)
 }
 
 // NewOptions are the choices of `new`.
@@ -48,6 +51,8 @@ type NewOptions struct {
 	CPU    string // limits.cpu
 	Memory string // limits.memory
 	Disk   string // root disk size
+	// Processes is a container's limits.processes; 0 for the host-sized default.
+	Processes int64
 	// From is SRC or SRC/SNAP: clone a box instead of an image.
 	From string
 	// Config is extra instance config (cloud-init user-data, VM settings), set at create.
@@ -133,10 +138,13 @@ func validateNew(ctx context.Context, o NewOptions) error {
 	if err := ValidateName(o.Name); err != nil {
 		return err
 	}
-	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
-		return Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
+	if o.From != "" && (o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "" || o.Processes != 0) {
+		return Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory, --processes or --disk")
 	}
 	if err := ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
+		return err
+	}
+	if err := DefaultLimits().ValidateLimits(o.CPU, o.Memory, o.Processes, o.VM); err != nil {
 		return err
 	}
 	if o.From != "" {
@@ -199,6 +207,12 @@ func (m *minting) request(ctx context.Context) (incus.InstancesPost, error) {
 	}
 	for k, v := range m.o.Config {
 		cfg[k] = v
+	}
+	DefaultLimits().applyContainerKeys(req.Type, cfg, m.o.Processes)
+	if m.bs.Warn != nil {
+		if w := m.bs.MemoryBudgetWarning(ctx, m.o.Name, cfg[KeyMemory]); w != "" {
+			m.bs.Warn(w)
+		}
 	}
 	req.Config = cfg
 	return req, nil
@@ -269,9 +283,16 @@ func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg
 		cfg["limits.memory"] = o.Memory
 	}
 	req.Devices = map[string]map[string]string{"eth0": BoxNIC(m.bs.Stack, o.Name)}
-	if o.Disk != "" {
-		req.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": m.bs.Stack.Pool, "size": o.Disk}
+	// Every fresh box has its own root on the stack's pool with a size: on btrfs that is its
+	// qgroup limit, visible on the box and tightened live by the drill (disk.go).
+	disk, what := o.Disk, "--disk"
+	if disk == "" {
+		disk, what = DefaultDisk, "the default disk size"
 	}
+	if err := m.bs.checkDisk(ctx, disk, what); err != nil {
+		return err
+	}
+	req.Devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": m.bs.Stack.Pool, "size": disk}
 	return nil
 }
 
@@ -585,7 +606,11 @@ func (bs *Boxes) resolveSource(ctx context.Context, from string) (*Box, string, 
 		}
 		cfg, devices = s.Config, s.Devices
 	}
-	if off := OffBoundary(cfg, devices, bs.Stack); len(off) > 0 {
+	s := bs.Stack
+	if s.MaxDisk == 0 {
+		s.MaxDisk, _ = bs.DiskCap(ctx) // unreadable: 0, no cap (the daemon's own checks hold)
+	}
+	if off := OffBoundary(cfg, devices, s); len(off) > 0 {
 		return nil, "", Usagef("new --from %s: the source carries what claudebox never puts on a box, so a clone would inherit a hole:\n  %s\nnothing was created. Clone a box (or snapshot) without them; on a live box, remove them with 'claudebox incus %s -- config unset {} KEY' or '... config device remove {} DEVICE'",
 			from, strings.Join(off, "\n  "), src.Name)
 	}

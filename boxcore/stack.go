@@ -16,7 +16,10 @@ type Stack struct {
 	Network string // NAT bridge the boxes attach to
 	ACL     string // network ACL dropping private, CGNAT and link-local egress
 	Profile string // the only profile a box carries
-	Pool    string // storage pool of the profile's root disk
+	Pool    string // storage pool of the profile's root disk and of every box's own root
+	// MaxDisk caps a box's root disk size in bytes (the pool's size, see Boxes.DiskCap); 0
+	// means no cap is known. Only the clone boundary reads it.
+	MaxDisk int64
 	// Unit is the systemd unit re-applying the firewall at boot; empty means none.
 	Unit string
 	// Marks are user.* keys put on the network when it is created (tests mark their stacks
@@ -30,7 +33,7 @@ func DefaultStack() Stack {
 		Network: "claudenet",
 		ACL:     "claude-isolate",
 		Profile: "claude-dev",
-		Pool:    "default",
+		Pool:    PoolName,
 		Unit:    "claudebox-firewall.service",
 	}
 }
@@ -50,11 +53,9 @@ var BlockedEgress = []string{
 // DefaultUpstreams are the resolvers the bridge's dnsmasq forwards to unless told otherwise.
 var DefaultUpstreams = []string{"1.1.1.1", "9.9.9.9"}
 
-// Default resource limits of the profile; `new` may override them per box.
-const (
-	DefaultCPU    = "2"
-	DefaultMemory = "4GiB"
-)
+// DefaultCPU is the profile's limits.cpu; `new` may override it per box. The profile's
+// memory limit is sized from the host (DefaultLimits in limits.go).
+const DefaultCPU = "2"
 
 // DNSOptions are the dnsmasq lines that close name-based reconnaissance: with dns.mode=none
 // dnsmasq still registers DHCP hostnames and serves /etc/hosts (measured, FACTS.md).
@@ -173,6 +174,7 @@ func ProfileDevices(s Stack) map[string]map[string]string {
 			"type": "disk",
 			"path": "/",
 			"pool": s.Pool,
+			"size": DefaultDisk,
 		},
 	}
 }
@@ -208,11 +210,13 @@ func IsBoxNIC(d map[string]string, s Stack, box string) bool {
 	return maps.Equal(d, want)
 }
 
-// ProfileConfig is the desired config of the box profile.
+// ProfileConfig is the desired config of the box profile. limits.processes and
+// limits.cpu.allowance are container-only in Incus, so they go on each container box's own
+// config (`new`), never here: a VM on this profile would share them.
 func ProfileConfig() map[string]string {
 	return map[string]string{
 		"limits.cpu":    DefaultCPU,
-		"limits.memory": DefaultMemory,
+		"limits.memory": DefaultLimits().MemoryValue(),
 		// Each box gets its own host uid/gid range: root in one box is not the uid of root
 		// in a sibling (the host's /etc/subuid must hold 65536 ids per box).
 		"security.idmap.isolated": "true",
@@ -241,7 +245,7 @@ func (s Stack) Validate() error {
 }
 
 // NamedStack is a complete stack named after one prefix, for tests and side-by-side stacks.
-// It installs no boot unit.
+// It installs no boot unit, and its pool is "default" (the one make setup makes).
 func NamedStack(name string) Stack {
 	return Stack{Network: name, ACL: name + "-isolate", Profile: name + "-dev", Pool: "default"}
 }

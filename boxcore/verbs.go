@@ -43,6 +43,8 @@ type Summary struct {
 	IPv4      []string  `json:"ipv4" yaml:"ipv4"`
 	Snapshots int       `json:"snapshots" yaml:"snapshots"`
 	Created   time.Time `json:"created" yaml:"created"`
+	// Limits are the box's effective limits (its own over its profile's).
+	Limits BoxLimits `json:"limits" yaml:"limits"`
 }
 
 // List returns every box. One filtered request with state (recursion=2) finds the boxes. Incus
@@ -93,7 +95,7 @@ func (bs *Boxes) List(ctx context.Context) ([]Summary, error) {
 const StateMinting = "MINTING"
 
 func summarize(in incus.Instance) Summary {
-	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt, IPv4: []string{}}
+	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt, IPv4: []string{}, Limits: LimitsOf(in)}
 	if _, minting := in.Config[tagMint]; minting {
 		s.State = StateMinting
 	}
@@ -172,6 +174,11 @@ func (bs *Boxes) Info(ctx context.Context, b *Box) (Info, error) {
 func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
+	}
+	if bs.Warn != nil {
+		if w := bs.MemoryBudgetWarning(ctx, b.Name, LimitsOf(b.Instance).Memory); w != "" {
+			bs.Warn(w)
+		}
 	}
 	bs.clearStalePort(b.Name)
 	if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {

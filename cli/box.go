@@ -26,7 +26,7 @@ func boxCommands() []Command {
 	return []Command{
 		{
 			Name:     "new",
-			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--verbose]",
+			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--verbose]",
 			Summary:  "mint a box: isolated, Claude Code installed, nobody logged in",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
 			Flags: []cli.Flag{
@@ -35,8 +35,9 @@ func boxCommands() []Command {
 				&cli.BoolFlag{Name: "container", Usage: "a container (shares the host's kernel: no VM trust boundary)"},
 				&cli.StringFlag{Name: "image", Usage: "image ref: ALIAS or REMOTE:ALIAS (default: the template's)"},
 				&cli.StringFlag{Name: "template", Usage: "template (see 'claudebox templates')"},
-				&cli.StringFlag{Name: "cpu", Usage: "CPU limit (limits.cpu)"},
-				&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 4GiB"},
+				&cli.StringFlag{Name: "cpu", Usage: "CPU limit (limits.cpu); a container also gets a hard CPU quota of at most all CPUs but one"},
+				&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 4GiB (default: the template's, at most what the host can give)"},
+				&cli.Int64Flag{Name: "processes", Usage: "process limit of a container (limits.processes; default sized from the host's pid_max)"},
 				&cli.StringFlag{Name: "disk", Usage: "root disk size, e.g. 20GiB"},
 				&cli.StringFlag{Name: "from", Usage: "clone a box or one of its snapshots: SRC or SRC/SNAP"},
 				&cli.BoolFlag{Name: "keep-failed", Usage: "keep a box whose first boot failed, to look inside"},
@@ -130,7 +131,7 @@ func boxCommands() []Command {
 }
 
 func boxes(c *Ctx) *boxcore.Boxes {
-	return &boxcore.Boxes{Client: c.Client, Stack: c.Env.Stack, Version: Version}
+	return &boxcore.Boxes{Client: c.Client, Stack: c.Env.Stack, Version: Version, Warn: func(s string) { c.Warn("%s", s) }}
 }
 
 func argAt(args []string, i int) string {
@@ -147,16 +148,22 @@ func newBox(c *Ctx) error {
 	o := boxcore.NewOptions{
 		Name: c.String("name"), Image: c.String("image"), From: c.String("from"),
 		CPU: c.String("cpu"), Memory: c.String("memory"), Disk: c.String("disk"),
-		KeepFailed: c.Bool("keep-failed"),
+		Processes: c.Int64("processes"), KeepFailed: c.Bool("keep-failed"),
 	}
-	if o.From != "" && (c.String("template") != "" || o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "") {
-		return boxcore.Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory or --disk")
+	if o.From != "" && (c.String("template") != "" || o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "" || c.IsSet("processes")) {
+		return boxcore.Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory, --processes or --disk")
+	}
+	if c.IsSet("processes") && o.Processes <= 0 {
+		return boxcore.Usagef("new: --processes %d: want a number of processes, 1 or more (e.g. --processes 1024)", o.Processes)
 	}
 	if err := boxcore.ValidateName(o.Name); err != nil {
 		return err
 	}
 	// Everything that can be checked without the daemon is, before it is asked anything.
 	if err := boxcore.ValidateResources(o.CPU, o.Memory, o.Disk); err != nil {
+		return err
+	}
+	if err := boxcore.DefaultLimits().ValidateLimits(o.CPU, o.Memory, o.Processes, o.From == "" && !c.Bool("container")); err != nil {
 		return err
 	}
 	if o.From != "" {
@@ -315,6 +322,7 @@ func infoBox(c *Ctx) error {
 	c.Out("type:      %s", info.Type)
 	c.Out("profiles:  %s", strings.Join(info.Profiles, ", "))
 	c.Out("created:   %s", info.Created.UTC().Format(time.RFC3339))
+	c.Out("limits:    %s", limitsLine(info.Limits))
 	c.Out("addresses:")
 	for _, a := range info.Addresses {
 		c.Out("  %s", a)
@@ -331,6 +339,22 @@ func infoBox(c *Ctx) error {
 	}
 	c.Out("clone it:  %s", info.CloneLine)
 	return nil
+}
+
+// limitsLine renders a box's limits for info: processes, memory, CPUs and CPU quota, and what
+// is missing.
+func limitsLine(l boxcore.BoxLimits) string {
+	or := func(v string) string {
+		if v == "" {
+			return "none"
+		}
+		return v
+	}
+	line := fmt.Sprintf("processes %s, memory %s, cpu %s, cpu allowance %s", or(l.Processes), or(l.Memory), or(l.CPU), or(l.CPUAllowance))
+	if len(l.Missing) > 0 {
+		line += "; missing: " + strings.Join(l.Missing, ", ")
+	}
+	return line
 }
 
 func shellBox(c *Ctx) error {

@@ -87,6 +87,10 @@ func hostInit(c *Ctx) error {
 	if err != nil {
 		return err
 	}
+	for _, w := range plan.Warnings {
+		c.Warn("%s", w)
+	}
+	warned := len(plan.Warnings)
 	if len(plan.Changes) > 0 && !c.Bool("yes") {
 		for _, ch := range plan.Changes {
 			c.Warn("  %s", ch)
@@ -96,6 +100,9 @@ func hostInit(c *Ctx) error {
 		}
 	}
 	changes, err := h.ApplyInit(c.Context.Context, plan)
+	for _, w := range plan.Warnings[warned:] {
+		c.Warn("%s", w)
+	}
 	if err != nil {
 		return err
 	}

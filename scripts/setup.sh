@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepare this machine for claudebox: Incus from Debian's packages, a running daemon, a storage pool,
+# Prepare this machine for claudebox: Incus from Debian's packages (and btrfs-progs: the product's
+# storage pool is a loop-backed btrfs pool, see boxcore/disk.go), a running daemon, a storage pool,
 # and every program the test suite shells out to (debootstrap for the test cloud image, Debian's
 # cloud-init for the offline `cloud-init schema` check). No test installs anything: this is the one
 # place packages are installed.
@@ -46,12 +47,12 @@ install_incus() {
 		log "installing $pkgs from bookworm-backports"
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
-			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 >/dev/null
+			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 btrfs-progs >/dev/null
 	else
 		log "installing $pkgs from $codename"
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 >/dev/null
+			--no-install-recommends $pkgs dnsmasq-base nftables iproute2 btrfs-progs >/dev/null
 	fi
 }
 
@@ -105,6 +106,9 @@ ensure_storage_pool() {
 
 command -v incus >/dev/null 2>&1 && { [ -x /usr/libexec/incus/incusd ] || command -v incusd >/dev/null; } || install_incus
 command -v nft >/dev/null 2>&1 && command -v dnsmasq >/dev/null 2>&1 || install_incus
+# mkfs.btrfs: Incus formats the claudebox pool's loop file with it (host init falls back to a dir
+# pool, with no disk limits, when it is missing).
+PATH=$PATH:/usr/sbin:/sbin command -v mkfs.btrfs >/dev/null 2>&1 || install_incus
 daemon_answers || start_daemon
 ensure_storage_pool
 install_test_tools

@@ -46,3 +46,19 @@ func (c *Client) DeleteStoragePool(ctx context.Context, name string) error {
 	_, err := c.call(ctx, http.MethodDelete, "/1.0/storage-pools/"+esc(name), nil, nil)
 	return err
 }
+
+// StoragePoolResources is the space a storage pool has and uses, in bytes.
+type StoragePoolResources struct {
+	Space struct {
+		Used  uint64 `json:"used"`
+		Total uint64 `json:"total"`
+	} `json:"space"`
+}
+
+// StoragePoolResources reads a pool's space (for a loop-backed pool, its loop file's size;
+// for a dir pool, the filesystem it lives on).
+func (c *Client) StoragePoolResources(ctx context.Context, name string) (StoragePoolResources, error) {
+	var r StoragePoolResources
+	_, err := c.get(ctx, "/1.0/storage-pools/"+esc(name)+"/resources", &r)
+	return r, err
+}
