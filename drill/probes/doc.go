@@ -91,6 +91,61 @@
 //	               to expect: the receiver's capture hit and facts are the evidence. Aim
 //	               at a sibling with DstMAC, or the gateway answers broadcasts too.
 //
+// # Resource kinds (issue 14: the box's limits)
+//
+// A stress runs on the box whose limit the lab has just tightened; a control runs on a
+// sibling or the host at the same time (Resource.Delay lets it start once the stress is
+// at its limit). Every stress is bounded by the probe itself (Resource.Bound, Duration),
+// so a missing limit cannot take the machine down: hitting the bound is open (nothing
+// stopped it). Their Result.Resource says what happened (Count, Stopped, and per kind
+// CPUShare, UnitNs). Resource may be omitted (every default). Resource.Delay (any kind)
+// waits before the probe starts; it is part of every default timeout below.
+//
+//	fork-bomb  Resource{Bound=1024 (max 8192) tasks, Hold=1s}: raw clone(2) children
+//	           (one task each, no Go runtime in them, every signal but SIGKILL blocked, no
+//	           open files, PR_SET_PDEATHSIG=SIGKILL) until clone fails or Bound; the first 4
+//	           are released at once when it fails (room for the box's own threads), the
+//	           rest held for Hold, then all killed and reaped. EAGAIN → refused (Count:
+//	           tasks at the peak, Stopped "EAGAIN", Released 4); Bound reached → open;
+//	           another errno, a task not reaped, the timeout → check-failed. The probe's
+//	           own threads count against pids.max: with fewer than 16 tasks of room
+//	           before it starts it is check-failed at once (a Go process that cannot
+//	           make a thread dies; a limit that tight gives no result at all).
+//	spawn      Resource{Bound=4 (max 64), Delay}: that many short-lived raw children one by
+//	           one, each exits 0. All ran → open; EAGAIN → refused; else check-failed.
+//	mem-hog    Resource{Bound=512 MiB (max 16384), Hold=0, StallAfter=3s}: a child (this
+//	           binary re-executed, oom_score_adj 1000) touches memory in 4 MiB steps up to
+//	           Bound and reports each step; the parent only watches. The child SIGKILLed
+//	           before Bound → refused, Stopped "oom-killed", Count the MiB last reported
+//	           (Evidence adds the memory cgroup's oom_kill counter when readable); no
+//	           progress for StallAfter (a v1 box with memory.oom_control=1) → refused,
+//	           Stopped "stalled", the child killed; mmap ENOMEM → refused "ENOMEM"; Bound
+//	           reached → open; the child failing otherwise, the timeout → check-failed.
+//	alloc      Resource{Bound=32 MiB (max 1024), Delay, Hold}: touch Bound MiB in-process,
+//	           hold, free → open; mmap failing → check-failed.
+//	disk-fill  Resource{Bound=256 MiB (max 4096), Path=/var/tmp/claudebox-disk-fill.<pid>}:
+//	           1 MiB chunks of pseudo-random data (every 4 KiB block distinct) to a new file
+//	           (an existing one is check-failed, never overwritten), fsync every 8 MiB, until
+//	           a write or fsync fails or Bound; the file is removed and its directory
+//	           fsynced. EDQUOT/ENOSPC → refused (Count: MiB written); Bound → open; other
+//	           errors, or a file that could not be removed → check-failed. ENOSPC may be the
+//	           host's own disk filling up (no quota): the drill checks the volume's growth.
+//	write      Resource{Bound=4 MiB (max 256), Delay, Path=/var/tmp/claudebox-write.<pid>}:
+//	           the same writer as a control. Done → open; EDQUOT/ENOSPC → refused.
+//	cpu-burn   Resource{Threads=2 (max 64), Duration=3s}: busy loops on locked OS threads;
+//	           CPUShare = their CPU time (CLOCK_THREAD_CPUTIME_ID) / wall time (≈ Threads on
+//	           idle cores, ≈ 0.5 under a half-CPU quota). Open when measured (the drill
+//	           judges the share); check-failed otherwise.
+//	latency    Resource{Delay, Duration=2s, Units}: a fixed work unit (25000 chained
+//	           SHA-256 rounds, ~2 ms here) back to back on a locked thread, for Duration
+//	           or Units units (whichever ends first; Units alone: all of them). UnitNs is
+//	           the median, UnitP90Ns the 90th percentile. Open when a unit ran.
+//
+// Default timeouts (each plus Delay): fork-bomb Hold+30s, spawn 10s, mem-hog
+// Hold+StallAfter+60s, alloc Hold+30s, disk-fill 180s, write 30s, cpu-burn Duration+5s,
+// latency Duration+5s (Units alone: 60s); a set Timeout must exceed Delay plus the kind's
+// own time (Hold, Duration).
+//
 // # Listeners and the capture
 //
 // ListenerConfig.Capture (PID-1 mode: eth0) records as Hits with Proto "frame" every

@@ -56,11 +56,23 @@ const (
 	KindDHCPFakeMAC Kind = "dhcp-fake-mac"
 	KindDHCPRelay   Kind = "dhcp-relay"
 	KindFrame       Kind = "frame"
+
+	// The resource kinds (issue 14: stresses against the box's limits, and their
+	// controls): see doc.go and resource.go.
+	KindForkBomb Kind = "fork-bomb"
+	KindSpawn    Kind = "spawn"
+	KindMemHog   Kind = "mem-hog"
+	KindAlloc    Kind = "alloc"
+	KindDiskFill Kind = "disk-fill"
+	KindWrite    Kind = "write"
+	KindCPUBurn  Kind = "cpu-burn"
+	KindLatency  Kind = "latency"
 )
 
 // AllKinds lists every kind, in the order of doc.go.
 var AllKinds = []Kind{KindTCP, KindUDP, KindICMP, KindARP, KindTCP6LL, KindDNS, KindHTTP, KindFacts,
-	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame}
+	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame,
+	KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency}
 
 // DefaultTimeout applies when Spec.Timeout is zero.
 const DefaultTimeout = 2 * time.Second
@@ -95,6 +107,8 @@ type Spec struct {
 	Spoof *SpoofSpec `json:"spoof,omitempty"`
 	DHCP  *DHCPSpec  `json:"dhcp,omitempty"`
 	Frame *FrameSpec `json:"frame,omitempty"`
+	// Resource tunes the resource kinds (nil: the defaults).
+	Resource *ResourceSpec `json:"resource,omitempty"`
 }
 
 // DNSQuery is the dns probe's question.
@@ -143,6 +157,8 @@ type Result struct {
 	Counts *Counts `json:"counts,omitempty"`
 	// DHCPReply: the deciding DHCP reply of a dhcp-* kind.
 	DHCPReply *DHCPReply `json:"dhcp_reply,omitempty"`
+	// Resource: what a resource kind did (nil for the others).
+	Resource *ResourceResult `json:"resource,omitempty"`
 	// Started is when the probe began (UTC) and Elapsed how long it ran.
 	Started time.Time     `json:"started"`
 	Elapsed time.Duration `json:"elapsed_ns"`
@@ -240,6 +256,8 @@ func (s Spec) Validate() error {
 		return nil
 	case KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame:
 		return s.validateActive()
+	case KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency:
+		return s.validateResource()
 	case "":
 		return errors.New("probe kind is empty")
 	default:
@@ -250,6 +268,9 @@ func (s Spec) Validate() error {
 func (s Spec) withDefaults() Spec {
 	if s.Timeout == 0 {
 		s.Timeout = defaultTimeout(s)
+		if IsResourceKind(s.Kind) {
+			s.Timeout = resourceTimeout(s)
+		}
 	}
 	return s
 }
@@ -292,6 +313,8 @@ func Run(ctx context.Context, s Spec) (r Result) {
 		probeHTTP(ctx, s, &r)
 	case KindFacts:
 		probeFacts(s, &r)
+	case KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency:
+		runResource(ctx, s, &r)
 	default:
 		runActive(ctx, s, &r)
 	}
