@@ -33,7 +33,7 @@ const (
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.
-var AllLayers = boxcore.SwitchableLayers
+var AllLayers = append(slices.Clone(boxcore.SwitchableLayers), ResourceLayers...)
 
 // Holds says which layers hold a claim: it holds while ANY term holds, and a term holds
 // only while ALL its layers are in place. {{port-isolation}, {nft-bridge-drop}, {acl, br_netfilter}}
@@ -107,4 +107,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimInternet, ClaimControl}

@@ -82,6 +82,11 @@ type engine struct {
 	lock      *os.File
 	host      *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
 	phases    []Phase
+	// The seeded hole being measured (nil outside the self-test), and the layers of it that
+	// are the drill's own: the resource layers the lab does not tighten while it is open.
+	hole       *Hole
+	holeOff    []Layer
+	diskBefore int64 // the stress box's root, referenced bytes, before the disk fill
 }
 
 // Phase is one timed step, for the progress lines and the record.
@@ -278,6 +283,9 @@ func (e *engine) topology() *Topology {
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
 	}
 	t.Round, t.Bridge = e.rounds, e.o.Stack.Network
+	// The resource rows: container boxes (a VM's limits are its own kernel's), in the plain
+	// matrix and in the seeded holes that switch a resource layer off.
+	t.Resources = !e.o.VM && (e.hole == nil || slices.ContainsFunc(e.hole.Off, isResourceLayer))
 	if e.rounds <= 1 {
 		t.Soak = e.o.Soak // the first matrix only: the seeded holes do not soak
 	}

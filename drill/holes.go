@@ -50,6 +50,8 @@ var holeNames = map[Layer]string{
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",
+	LayerBoxPids: "box pids limit off", LayerBoxMemory: "box memory limit off", LayerBoxDisk: "box disk quota off",
+	LayerBoxCPU: "box CPU quota off",
 }
 
 func singleHoles() []Hole {
@@ -177,6 +179,7 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 		}
 	}
 	rerr := e.closeHole(ctx, h, restoreLayers)
+	e.hole, e.holeOff = nil, nil
 	if rerr != nil {
 		hr.RestoreErr = rerr.Error()
 	}
@@ -206,8 +209,20 @@ func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Con
 	if err := os.WriteFile(HoleMarker, []byte(e.run+" "+h.Name+"\n"), 0o600); err != nil {
 		return nil, err
 	}
+	e.hole, e.holeOff = &h, nil
+	var stackOff []Layer
+	for _, l := range h.Off {
+		if isResourceLayer(l) {
+			e.holeOff = append(e.holeOff, l) // the lab's own: it does not tighten these
+		} else {
+			stackOff = append(stackOff, l)
+		}
+	}
+	if len(stackOff) == 0 {
+		return nil, nil // nothing of the stack to switch (or to restore)
+	}
 	err = e.settleAround(ctx, func() (err error) {
-		restore, err = e.host.SwitchOff(ctx, h.Off, e.boxNames())
+		restore, err = e.host.SwitchOff(ctx, stackOff, e.boxNames())
 		return err
 	})
 	if err == nil && h.Restart {

@@ -162,6 +162,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	e.leasesIntact(ctx, phase[WindowLeases])
 	e.soak(ctx, phase[WindowSoak])
 	saved := e.restartPhase(ctx, phase[WindowRestart])
+	e.resourcePhase(ctx, phase)
 	hits := e.allHits(ctx)
 	for name, hs := range saved {
 		hits[name] = append(hs, hits[name]...)

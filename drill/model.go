@@ -37,7 +37,9 @@ const (
 
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
-func (o Outcome) Negative() bool { return o == Dropped || o == NoAnswer || o == None || o == NoLease }
+func (o Outcome) Negative() bool {
+	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held
+}
 
 // Verdict of a case.
 type Verdict string
@@ -84,6 +86,9 @@ type Topology struct {
 	Bridge string
 	// Soak is how many re-applies the soak runs (0: no soak rows).
 	Soak int
+	// Resources: plan the resource rows (container boxes; the plain matrix and the resource
+	// holes).
+	Resources bool
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.

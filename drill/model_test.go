@@ -21,7 +21,7 @@ func testTopology() *Topology {
 		return b
 	}
 	return &Topology{
-		Soak:    20,
+		Soak: 20, Resources: true,
 		Boxes:   []*Box{box("a", "10.87.0.10", "fe80::a"), box("b", "10.87.0.11", "fe80::b"), box("c", "10.87.0.12", "")},
 		Gateway: netip.MustParsePrefix("10.87.0.1/24"), Domain: "incus",
 		HostAddrs: []netip.Addr{netip.MustParseAddr("10.87.0.1"), netip.MustParseAddr("192.0.2.5")},
@@ -78,6 +78,9 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
 		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
+		"res/limits": 3, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
+		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
+		"res/latency-before": 1, "res/host-latency-before": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))
 	for _, r := range Claims {
@@ -321,6 +324,8 @@ var singleLayerRows = map[string]Layer{
 	"host-names/dns":                 LayerNoHosts,
 	"resolver/servers.bind":          LayerNoIdent,
 	"resolver/version.bind":          LayerNoIdent,
+	// A box's limits are one kernel mechanism each (docs/drill.md: no second layer).
+	"res/fork-bomb": LayerBoxPids, "res/mem-hog": LayerBoxMemory, "res/disk-fill": LayerBoxDisk, "res/cpu-burn": LayerBoxCPU,
 }
 
 // A single layer off opens only the rows listed above; every negative row opens in at least

@@ -138,7 +138,7 @@ var (
 
 // Claims is the contract. Controls come first only for reading; Plan resolves references
 // in any order.
-var Claims = []ClaimRow{
+var Claims = append([]ClaimRow{
 	// Positive controls: each box reaches its own listeners and the gateway's ARP, holds a
 	// lease; the host reaches its own listeners and every decoy.
 	{Key: "ctl/self-tcp", Claim: ClaimControl, Kind: "self", ID: "ctl/{from}/self-tcp", From: FromBoxes, To: ToSelf, Probe: defaultSelfTCP, Expect: Open},
@@ -390,7 +390,7 @@ var Claims = []ClaimRow{
 		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
 		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
-}
+}, resourceClaims...)
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h Holds) ClaimRow {
 	return ClaimRow{Key: "box-box-name/" + kind, Claim: ClaimBoxBoxName, Kind: kind, ID: "box-box-name/{from}>{to}/" + kind,
