@@ -67,22 +67,6 @@ func TestOffBoundaryRootSize(t *testing.T) {
 	}
 }
 
-// existingProbeImage is a probe image already on the daemon (what runs inside does not matter
-// to a disk quota), else this tree's.
-func existingProbeImage(t *testing.T, c *incus.Client) string {
-	t.Helper()
-	if imgs, err := c.Images(context.Background()); err == nil {
-		for _, im := range imgs {
-			for _, a := range im.Aliases {
-				if strings.HasPrefix(a, "claudebox-probe") && im.Type == "container" {
-					return a
-				}
-			}
-		}
-	}
-	return teststack.ProbeImage(t, c)
-}
-
 // diskStack is a test stack whose pool is a small btrfs pool of its own, which init creates;
 // the pool is deleted when the test ends (after the stack and its boxes).
 func diskStack(t *testing.T, c *incus.Client) (boxcore.Stack, string) {
@@ -135,7 +119,7 @@ func TestDiskQuota(t *testing.T) {
 	c := testenv.RequireIncus(t)
 	ctx := context.Background()
 	s, pool := diskStack(t, c)
-	img := existingProbeImage(t, c)
+	img := teststack.ProbeImage(t, c)
 
 	// A stack on the dir pool first, with an instance that takes its root from the profile.
 	s.Pool = "default"
@@ -270,7 +254,7 @@ func TestQgroupRepair(t *testing.T) {
 	// A sized volume of its own, so the pool has a qgroup besides the top level.
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	name := "cbt-disk-" + testenv.RunID() + "-q"
-	img := existingProbeImage(t, c)
+	img := teststack.ProbeImage(t, c)
 	if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Disk: "64MiB", Config: teststack.Tag()}); err != nil {
 		t.Fatal(err)
 	}

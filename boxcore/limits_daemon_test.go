@@ -24,22 +24,6 @@ func limitRows(r boxcore.CheckReport, box string) []boxcore.CheckRow {
 	return out
 }
 
-// anyProbeImage is a probe image already on the daemon (any build: the limits do not depend
-// on what runs inside), else this tree's.
-func anyProbeImage(t *testing.T, c *incus.Client) string {
-	t.Helper()
-	if imgs, err := c.Images(context.Background()); err == nil {
-		for _, im := range imgs {
-			for _, a := range im.Aliases {
-				if strings.HasPrefix(a, "claudebox-probe") && im.Type == "container" {
-					return a
-				}
-			}
-		}
-	}
-	return teststack.ProbeImage(t, c)
-}
-
 func setConfig(t *testing.T, c *incus.Client, name string, edit func(map[string]string)) {
 	t.Helper()
 	ctx := context.Background()
@@ -65,7 +49,7 @@ func TestLimitsOnTheDaemon(t *testing.T) {
 	var warnings []string
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test", Warn: func(w string) { warnings = append(warnings, w) }}
 	h := boxcore.NewHost(c, s)
-	img := anyProbeImage(t, c)
+	img := teststack.ProbeImage(t, c)
 	l := boxcore.DefaultLimits()
 	name := func(suffix string) string { return "cbt-lim-" + testenv.RunID() + "-" + suffix }
 	a, b := name("a"), name("b")
