@@ -218,11 +218,11 @@ func TestDiskQuota(t *testing.T) {
 		if after.Referenced > 48<<20 || after.Referenced < 40<<20 {
 			t.Errorf("the box references %d bytes after the failed write, want near the 48MiB limit", after.Referenced)
 		}
+		// The loop file is where the pool's blocks reach the host's disk: its growth is what
+		// the write cost the host. (The host's free space is only logged: the test suite's
+		// other packages write beside this one.)
 		if grew := loopAfter - loopBefore; grew >= 96<<20 {
 			t.Errorf("the pool's loop file grew by %d bytes: more than the quota let through", grew)
-		}
-		if drop := hostBefore - hostAfter; drop >= 96<<20 {
-			t.Errorf("the host lost %d bytes of free space during a write held to 48MiB", drop)
 		}
 	})
 

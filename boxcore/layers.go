@@ -29,6 +29,7 @@ const (
 	LayerWall         Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
 	LayerNICFiltering Layer = "nic-filtering"     // security.mac/ipv4/ipv6_filtering on the box NIC
 	LayerIPv6Off      Layer = "ipv6.address=none" // no IPv6 on the bridge
+	LayerGuestAPIOff  Layer = "guest-api-off"     // security.guestapi=false: no /dev/incus in a box (a box could crash incusd through it)
 	LayerNAT          Layer = "nat"               // what lets boxes out at all (never switched off)
 )
 
@@ -45,7 +46,7 @@ func dnsmasqLine(l Layer) string {
 
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
 var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerFDBPin, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off}
+	LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
 type LayerState struct {
@@ -112,6 +113,17 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chains input, output, inbound %s", gt, presence(st.Tables.GuardInput))
 	add(LayerWall, st.Tables.WallOn, "table inet %s: %s", st.Tables.Wall, presence(st.Tables.WallOn))
 	add(LayerNICFiltering, len(notFilt) == 0, "filtered: [%s] not filtered: [%s]", strings.Join(filt, " "), strings.Join(notFilt, " "))
+	var api []string
+	for _, p := range st.Ports {
+		if p.Box != "" && p.GuestAPI && (boxes == nil || slices.Contains(boxes, p.Box)) {
+			api = append(api, p.Box)
+		}
+	}
+	profAPI := ""
+	if st.Profile != nil {
+		profAPI = st.Profile.Config[KeyGuestAPI]
+	}
+	add(LayerGuestAPIOff, profAPI == "false" && len(api) == 0, "profile %s=%q; /dev/incus in: [%s]", KeyGuestAPI, profAPI, strings.Join(api, " "))
 	add(LayerIPv6Off, st.IPv6Disabled && cfg["ipv6.address"] == "none", "ipv6.address=%s, %s disable_ipv6=%v", cfg["ipv6.address"], st.Stack.Network, st.IPv6Disabled)
 	add(LayerNAT, cfg["ipv4.nat"] == "true", "ipv4.nat=%s", cfg["ipv4.nat"])
 	return out

@@ -30,6 +30,7 @@ const (
 	KeyMemory       = "limits.memory"
 	KeyCPU          = "limits.cpu"
 	KeyCPUAllowance = "limits.cpu.allowance"
+	KeySyscallsDeny = "security.syscalls.deny"
 )
 
 // HostSize is what the host can give: CPUs, memory, and the kernel's pid space.
@@ -130,8 +131,20 @@ func (l Limits) ContainerKeys(cpu string) map[string]string {
 	return map[string]string{
 		KeyProcesses:    strconv.FormatInt(l.Processes, 10),
 		KeyCPUAllowance: l.Allowance(cpuCount(cpu)),
+		KeySyscallsDeny: SubvolumeDeny,
 	}
 }
+
+// SubvolumeDeny is the seccomp deny list of every container box: the btrfs ioctls that create
+// a subvolume or a snapshot. A subvolume a box makes inside its root gets a qgroup of its own,
+// outside the box's quota (found by the attacker: 300 MiB written into one past a 64 MiB
+// quota). The request is compared on its low 32 bits: the kernel reads it as 32 bits, so the
+// same request with bit 32 set must be denied too. Incus appends these lines to the policy it
+// generates (after its own defaults); seccomp applies at start.
+const SubvolumeDeny = "ioctl errno 1 [1,1342215182,SCMP_CMP_MASKED_EQ,4294967295]\n" + // BTRFS_IOC_SUBVOL_CREATE
+	"ioctl errno 1 [1,1342215192,SCMP_CMP_MASKED_EQ,4294967295]\n" + // BTRFS_IOC_SUBVOL_CREATE_V2
+	"ioctl errno 1 [1,1342215169,SCMP_CMP_MASKED_EQ,4294967295]\n" + // BTRFS_IOC_SNAP_CREATE
+	"ioctl errno 1 [1,1342215191,SCMP_CMP_MASKED_EQ,4294967295]\n" // BTRFS_IOC_SNAP_CREATE_V2
 
 // cpuCount is how many CPUs a limits.cpu value names: a count, or the CPUs of a set; 0 for
 // "" or what does not parse.
@@ -305,6 +318,8 @@ func (l Limits) limitWithinCaps(k, v string) (within, ok bool) {
 		}
 		b, parsed := ParseMemory(v, l.Host.MemTotal)
 		return parsed && b <= l.MemoryBudget, true
+	case KeySyscallsDeny:
+		return v == SubvolumeDeny, true // claudebox's list exactly: a shorter one lets a subvolume out
 	}
 	return false, false
 }
@@ -348,6 +363,9 @@ func MissingLimits(typ string, eff map[string]string) []string {
 	if typ != "virtual-machine" {
 		if _, hard := ParseAllowance(eff[KeyCPUAllowance]); !hard {
 			missing = append(missing, KeyCPUAllowance+" (a hard quota)")
+		}
+		if eff[KeySyscallsDeny] != SubvolumeDeny {
+			missing = append(missing, KeySyscallsDeny+" (the btrfs subvolume ioctls)")
 		}
 	}
 	return missing
@@ -537,6 +555,8 @@ func (l Limits) capOf(k string) string {
 		return fmt.Sprintf("a hard CPU quota of at most %s", l.Allowance(0))
 	case KeyMemory:
 		return "a memory limit of at most " + FormatBytes(l.MemoryBudget)
+	case KeySyscallsDeny:
+		return "exactly claudebox's deny list (the btrfs subvolume ioctls)"
 	}
 	return ""
 }
@@ -560,6 +580,9 @@ func (h *Host) checkLimits(ctx context.Context, c *checker) error {
 			got = "missing: " + strings.Join(miss, ", ") + limitsFix(in, miss)
 		}
 		c.add("limits", in.Name, "limited", got)
+		if v, own := in.Config[KeyGuestAPI]; own && v != "false" {
+			c.add("guest api", in.Name, "off (the profile's)", "the box's own "+KeyGuestAPI+"="+v+" (claudebox incus "+in.Name+" -- config unset {} "+KeyGuestAPI+")")
+		}
 		if in.Type != "container" || in.Status != "Running" || h.Client.Remote() != "local" {
 			continue
 		}
@@ -596,6 +619,8 @@ func limitsFix(in incus.Instance, missing []string) string {
 			sets = append(sets, KeyProcesses+"="+strconv.FormatInt(l.Processes, 10))
 		case strings.HasPrefix(m, KeyCPUAllowance):
 			sets = append(sets, KeyCPUAllowance+"="+l.Allowance(cpuCount(LimitsOf(in).CPU)))
+		case strings.HasPrefix(m, KeySyscallsDeny):
+			return " (recreate the box, or clone it: new --from; the deny list applies at start)"
 		}
 	}
 	if len(sets) == 0 {

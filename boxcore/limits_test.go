@@ -2,6 +2,7 @@ package boxcore
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,19 +141,28 @@ func TestParseMemoryAndAllowance(t *testing.T) {
 }
 
 func TestMissingLimits(t *testing.T) {
-	full := map[string]string{KeyProcesses: "2048", KeyMemory: "3GiB", KeyCPUAllowance: "100ms/100ms"}
+	full := map[string]string{KeyProcesses: "2048", KeyMemory: "3GiB", KeyCPUAllowance: "100ms/100ms", KeySyscallsDeny: SubvolumeDeny}
 	if m := MissingLimits("container", full); len(m) != 0 {
 		t.Errorf("full: %v", m)
 	}
 	if m := MissingLimits("virtual-machine", map[string]string{KeyMemory: "3GiB"}); len(m) != 0 {
 		t.Errorf("a VM needs memory only: %v", m)
 	}
-	soft := map[string]string{KeyProcesses: "2048", KeyMemory: "3GiB", KeyCPUAllowance: "50%"}
+	soft := map[string]string{KeyProcesses: "2048", KeyMemory: "3GiB", KeyCPUAllowance: "50%", KeySyscallsDeny: SubvolumeDeny}
 	if m := MissingLimits("container", soft); !slices.Equal(m, []string{KeyCPUAllowance + " (a hard quota)"}) {
 		t.Errorf("a soft share is no quota: %v", m)
 	}
-	if m := MissingLimits("container", map[string]string{}); len(m) != 3 {
+	if m := MissingLimits("container", map[string]string{}); len(m) != 4 {
 		t.Errorf("nothing: %v", m)
+	}
+	// A shorter deny list lets a subvolume out: only claudebox's exact list counts.
+	short := maps.Clone(full)
+	short[KeySyscallsDeny] = SubvolumeDeny[:strings.Index(SubvolumeDeny, "\n")+1]
+	if m := MissingLimits("container", short); len(m) != 1 {
+		t.Errorf("one ioctl denied of four: %v", m)
+	}
+	if within, ok := DefaultLimits().limitWithinCaps(KeySyscallsDeny, short[KeySyscallsDeny]); !ok || within {
+		t.Errorf("the boundary takes a shorter deny list (within %v, ok %v)", within, ok)
 	}
 }
 

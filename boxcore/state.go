@@ -84,6 +84,8 @@ type PortState struct {
 	Box      string
 	Isolated bool
 	Filtered bool
+	// GuestAPI: /dev/incus exists inside the running box (read through its init's root).
+	GuestAPI bool
 }
 
 // Sysctl is one integer sysctl; Loaded is false when the file does not exist.
@@ -205,10 +207,14 @@ func (h *Host) readPorts(ctx context.Context, st *StackState) error {
 			}
 		}
 	}
+	local := h.Client.Remote() == "local"
 	bridgeIncus, _ := nftList("table", "bridge", "incus")
 	for _, p := range ports {
-		st.Ports = append(st.Ports, PortState{Name: p.Name, Box: owner[p.Name], Isolated: p.Isolated,
-			Filtered: nicFiltered(bridgeIncus, p.Name)})
+		ps := PortState{Name: p.Name, Box: owner[p.Name], Isolated: p.Isolated, Filtered: nicFiltered(bridgeIncus, p.Name)}
+		if ps.Box != "" && local {
+			ps.GuestAPI = h.guestAPIIn(ctx, ps.Box)
+		}
+		st.Ports = append(st.Ports, ps)
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ type switcher struct {
 	rpFilter               map[string]int            // port → its own rp_filter before the switch
 	unpinned               []firewall.PortBinding    // FDB pins removed (re-pinned on restore)
 	nics                   map[string]incus.Instance // box → instance as it was, before the NIC override
+	guestAPI               []string                  // boxes given /dev/incus back
 }
 
 func (sw *switcher) off(ctx context.Context, l Layer) error {
@@ -101,6 +102,8 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 		return nil
 	case LayerNICFiltering:
 		return sw.nicFilteringOff(ctx)
+	case LayerGuestAPIOff:
+		return sw.guestAPIOn(ctx)
 	case LayerDNSModeNone:
 		sw.cfg["dns.mode"] = "managed"
 	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent, LayerDHCPKnown:
@@ -255,6 +258,9 @@ func (sw *switcher) restore(ctx context.Context) error {
 	}
 	for _, b := range slices.Sorted(maps.Keys(sw.nics)) {
 		errs = append(errs, sw.restoreNIC(ctx, b))
+	}
+	for _, b := range sw.guestAPI {
+		errs = append(errs, sw.restoreGuestAPI(ctx, b))
 	}
 	return errors.Join(errs...)
 }

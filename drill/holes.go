@@ -51,7 +51,7 @@ var holeNames = map[Layer]string{
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",
 	LayerBoxPids: "box pids limit off", LayerBoxMemory: "box memory limit off", LayerBoxDisk: "box disk quota off",
-	LayerBoxCPU: "box CPU quota off",
+	LayerBoxCPU: "box CPU quota off", LayerBoxSubvolDeny: "box subvolume deny off", LayerGuestAPIOff: "guest API on",
 }
 
 func singleHoles() []Hole {
@@ -145,9 +145,9 @@ func (e *engine) seed(ctx context.Context, h Hole) (*HoleResult, error) {
 	t := time.Now()
 	hr := &HoleResult{Name: h.Name, Off: h.Off}
 	e.progress("seeded hole: %s (off: %v) ...", h.Name, h.Off)
-	if h.opensIPv6() {
+	if what := h.reachesEveryBox(); what != "" {
 		if others := e.foreignBoxes(ctx); len(others) > 0 {
-			return nil, fmt.Errorf("seeded hole %q would give IPv6 to boxes that are not the drill's (%s): stop them or skip the hole", h.Name, strings.Join(others, ", "))
+			return nil, fmt.Errorf("seeded hole %q would %s boxes that are not the drill's (%s): stop them or skip the hole", h.Name, what, strings.Join(others, ", "))
 		}
 	}
 	restoreLayers, applyErr := e.openHole(ctx, h)
@@ -368,15 +368,19 @@ func (e *engine) boxPrefixes() []netip.Prefix {
 	return out
 }
 
-// opensIPv6: the hole takes every layer of the IPv6 claim away, so every box on the bridge,
-// not only the drill's, would get an address.
-func (h Hole) opensIPv6() bool {
+// reachesEveryBox says what a hole would do to every box on the bridge, the drill's or not:
+// give them IPv6, or register their names with dnsmasq (a box that renews its lease during a
+// name hole keeps its name in the lease file after it). "" when it touches only the drill's.
+func (h Hole) reachesEveryBox() string {
 	for _, r := range Claims {
 		if r.Claim == ClaimIPv6 && r.Holds.OpenWithout(h.Off) {
-			return true
+			return "give IPv6 to"
 		}
 	}
-	return false
+	if h.Restart {
+		return "register with dnsmasq the names of"
+	}
+	return ""
 }
 
 // foreignBoxes are running instances on the stack's profile that this run did not mint.

@@ -78,6 +78,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
 		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
+		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
 		"res/limits": 3, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
@@ -326,6 +327,9 @@ var singleLayerRows = map[string]Layer{
 	"resolver/version.bind":          LayerNoIdent,
 	// A box's limits are one kernel mechanism each (docs/drill.md: no second layer).
 	"res/fork-bomb": LayerBoxPids, "res/mem-hog": LayerBoxMemory, "res/disk-fill": LayerBoxDisk, "res/cpu-burn": LayerBoxCPU,
+	"res/subvolume": LayerBoxSubvolDeny,
+	// The guest API is one Incus key; nothing else can keep a unix socket out of a box.
+	"res/guest-api": LayerGuestAPIOff,
 }
 
 // A single layer off opens only the rows listed above; every negative row opens in at least

@@ -33,10 +33,14 @@ const (
 	LayerBoxMemory Layer = "box-memory-limit"
 	LayerBoxDisk   Layer = "box-disk-quota"
 	LayerBoxCPU    Layer = "box-cpu-quota"
+	// LayerBoxSubvolDeny is the box's seccomp deny of the btrfs subvolume ioctls
+	// (boxcore.SubvolumeDeny): its hole restarts the first box without it (seccomp applies at
+	// start), and again with it afterwards.
+	LayerBoxSubvolDeny Layer = "box-subvolume-deny"
 )
 
 // ResourceLayers are the resource layers, in the order the self-test goes.
-var ResourceLayers = []Layer{LayerBoxPids, LayerBoxMemory, LayerBoxDisk, LayerBoxCPU}
+var ResourceLayers = []Layer{LayerBoxPids, LayerBoxMemory, LayerBoxDisk, LayerBoxCPU, LayerBoxSubvolDeny}
 
 func isResourceLayer(l Layer) bool { return slices.Contains(ResourceLayers, l) }
 
@@ -54,6 +58,7 @@ const (
 	WindowResMemory = "res-memory"
 	WindowResDisk   = "res-disk"
 	WindowResCPU    = "res-cpu"
+	WindowResSubvol = "res-subvolume"
 )
 
 // KindLabLimits: the lab reads a box's limits from the kernel (cgroups, the disk quota).
@@ -109,6 +114,9 @@ var (
 	resLimits = Control{"res/limits", EndSource, EndSource}
 )
 
+// LayerGuestAPIOff: the profile's security.guestapi=false (boxcore).
+const LayerGuestAPIOff = boxcore.LayerGuestAPIOff
+
 func resSpec(kind string, r probes.ResourceSpec, timeout time.Duration) func(_, _ Endpoint, _ *Topology) probes.Spec {
 	return func(_, _ Endpoint, _ *Topology) probes.Spec {
 		rs := r
@@ -119,6 +127,14 @@ func resSpec(kind string, r probes.ResourceSpec, timeout time.Duration) func(_, 
 // resourceClaims: the limits, then one step per stress. Controls run in the stress's step,
 // concurrently with it, after a delay that puts them while the stress is at its limit.
 var resourceClaims = []ClaimRow{
+	// The guest API: a box asking /dev/incus from 8 threads at once crashed incusd 6.0.4 (found
+	// by the attacker). It is not there at all. The control: the probe sees the box's files.
+	{Key: "ctl/stat-proc", Claim: ClaimControl, Kind: "stat", ID: "ctl/{from}/stat-proc", From: FromBoxes, To: ToSelf, Expect: Open,
+		Probe: func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindStat, Target: "/proc/self/status"} }},
+	{Key: "res/guest-api", Claim: ClaimResources, Kind: "stat", ID: "res/{from}/guest-api", From: FromBoxes, To: ToSelf, Expect: Dropped,
+		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindStat, Target: "/dev/incus/sock"} },
+		Controls: []Control{{"ctl/stat-proc", EndSource, EndSource}}, Holds: any1(LayerGuestAPIOff)},
+
 	{Key: "res/limits", Claim: ClaimResources, Kind: "limits", ID: "res/{from}/limits", From: FromResBoxes, To: ToSelf, Expect: Open,
 		Probe: lab(KindLabLimits), Window: WindowResLimits},
 
@@ -161,6 +177,12 @@ var resourceClaims = []ClaimRow{
 	{Key: "res/cpu-burn", Claim: ClaimResources, Kind: "cpu-burn", ID: "res/{from}/cpu-burn", From: FromStressBox, To: ToResSibling, Expect: Held,
 		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 2 * time.Second, Delay: 400 * time.Millisecond}, 10*time.Second),
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxCPU), Window: WindowResCPU},
+	// A btrfs subvolume made inside the box would have a qgroup of its own, outside the box's
+	// quota (found by the attacker: 300 MiB past a 64 MiB quota). The deny holds it; the
+	// control is the limits row (the probe's own mkdir control is in its evidence).
+	{Key: "res/subvolume", Claim: ClaimResources, Kind: "subvolume", ID: "res/{from}/subvolume", From: FromStressBox, To: ToResSibling, Expect: Held,
+		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindSubvolume, Target: "/"} },
+		Controls: []Control{resLimits}, Holds: any1(LayerBoxSubvolDeny), Window: WindowResSubvol},
 	{Key: "res/latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResSibling, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: time.Second, Delay: 900 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/host-latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResHost, To: ToSelf, Expect: Open,
@@ -221,6 +243,78 @@ func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row) {
 		}
 		e.resourceStep(ctx, step, rows)
 	}
+	e.subvolumeStep(ctx, phase[WindowResSubvol])
+}
+
+// subvolumeStep: the first box tries to create a btrfs subvolume. With the hole open, the box
+// is restarted without its deny list first (seccomp applies at start) and restarted with it
+// afterwards; a restarted box's port is bound again, as the box verbs do.
+func (e *engine) subvolumeStep(ctx context.Context, rows []*Row) {
+	if len(rows) == 0 {
+		return
+	}
+	box := rows[0].From
+	fail := func(why string) {
+		for _, r := range rows {
+			r.Result = probes.Result{Probe: r.Probe, Outcome: probes.CheckFailed, Evidence: why}
+			r.Observed = CheckFailed
+		}
+	}
+	if slices.Contains(e.holeOff, LayerBoxSubvolDeny) {
+		restore, err := e.host.TightenBox(ctx, box, boxcore.Tighten{Config: map[string]string{boxcore.KeySyscallsDeny: ""}})
+		if err != nil {
+			fail(err.Error())
+			return
+		}
+		defer func() {
+			ctx := context.WithoutCancel(ctx)
+			if err := restore(ctx); err != nil {
+				e.progress("  putting %s's deny list back: %v", box, err)
+			}
+			if err := e.restartBox(ctx, box); err != nil {
+				e.progress("  %v", err)
+			}
+		}()
+		if err := e.restartBox(ctx, box); err != nil {
+			fail(err.Error())
+			return
+		}
+	} else if inst, _, err := e.c.Instance(ctx, box); err != nil {
+		fail(err.Error())
+		return
+	} else if inst.Config[boxcore.KeySyscallsDeny] != boxcore.SubvolumeDeny {
+		fail(box + " has no deny list of the btrfs subvolume ioctls (it was made by an older claudebox?)")
+		return
+	}
+	e.execute(ctx, rows)
+	for _, r := range rows {
+		switch r.Result.Outcome {
+		case probes.Refused:
+			r.Observed = Held
+		case probes.Open:
+			r.Observed = Unbounded
+		default:
+			r.Observed = CheckFailed
+		}
+	}
+}
+
+// restartBox restarts one of the run's boxes through Incus, waits for its agent and binds its
+// new port.
+func (e *engine) restartBox(ctx context.Context, name string) error {
+	if err := e.c.SetState(ctx, name, "restart", true, 30*time.Second); err != nil {
+		return fmt.Errorf("restarting %s: %w", name, err)
+	}
+	nb, err := e.waitReady(ctx, name)
+	if err != nil {
+		return err
+	}
+	for i, b := range e.boxes {
+		if b.Name == name {
+			e.boxes[i] = nb
+		}
+	}
+	return e.host.BindPorts(ctx)
 }
 
 func (e *engine) resourceStep(ctx context.Context, step resourceStep, rows []*Row) {
@@ -439,7 +533,17 @@ func (e *engine) reviveIfDown(ctx context.Context, box string) {
 		e.progress("  starting %s: %v", box, err)
 		return
 	}
-	if _, err := e.waitReady(ctx, box); err != nil {
+	nb, err := e.waitReady(ctx, box)
+	if err != nil {
 		e.progress("  %s: %v", box, err)
+		return
+	}
+	for i, b := range e.boxes {
+		if b.Name == box {
+			e.boxes[i] = nb
+		}
+	}
+	if err := e.host.BindPorts(ctx); err != nil {
+		e.progress("  binding %s's port: %v", box, err)
 	}
 }

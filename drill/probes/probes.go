@@ -67,12 +67,16 @@ const (
 	KindWrite    Kind = "write"
 	KindCPUBurn  Kind = "cpu-burn"
 	KindLatency  Kind = "latency"
+
+	// What a box may ask beyond its limits: see boundary.go.
+	KindStat      Kind = "stat"
+	KindSubvolume Kind = "subvolume"
 )
 
 // AllKinds lists every kind, in the order of doc.go.
 var AllKinds = []Kind{KindTCP, KindUDP, KindICMP, KindARP, KindTCP6LL, KindDNS, KindHTTP, KindFacts,
 	KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame,
-	KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency}
+	KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency, KindStat, KindSubvolume}
 
 // DefaultTimeout applies when Spec.Timeout is zero.
 const DefaultTimeout = 2 * time.Second
@@ -252,8 +256,10 @@ func (s Spec) Validate() error {
 			return fmt.Errorf("dns probe: class %q: want IN or CH", s.DNS.Class)
 		}
 		return nil
-	case KindFacts:
+	case KindFacts, KindSubvolume:
 		return nil
+	case KindStat:
+		return needTarget()
 	case KindFlood, KindSpoofUDP, KindARPSpoof, KindMACSpoof, KindDHCPRelease, KindDHCPSteal, KindDHCPFakeMAC, KindDHCPRelay, KindFrame:
 		return s.validateActive()
 	case KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency:
@@ -313,6 +319,10 @@ func Run(ctx context.Context, s Spec) (r Result) {
 		probeHTTP(ctx, s, &r)
 	case KindFacts:
 		probeFacts(s, &r)
+	case KindStat:
+		probeStat(s, &r)
+	case KindSubvolume:
+		probeSubvolume(s, &r)
 	case KindForkBomb, KindSpawn, KindMemHog, KindAlloc, KindDiskFill, KindWrite, KindCPUBurn, KindLatency:
 		runResource(ctx, s, &r)
 	default:
