@@ -124,15 +124,20 @@ func resSpec(kind string, r probes.ResourceSpec, timeout time.Duration) func(_, 
 	}
 }
 
+// statSpec: a stat of path inside the box.
+func statSpec(path string) func(_, _ Endpoint, _ *Topology) probes.Spec {
+	return func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindStat, Target: path} }
+}
+
 // resourceClaims: the limits, then one step per stress. Controls run in the stress's step,
 // concurrently with it, after a delay that puts them while the stress is at its limit.
 var resourceClaims = []ClaimRow{
 	// The guest API: a box asking /dev/incus from 8 threads at once crashed incusd 6.0.4 (found
 	// by the attacker). It is not there at all. The control: the probe sees the box's files.
 	{Key: "ctl/stat-proc", Claim: ClaimControl, Kind: "stat", ID: "ctl/{from}/stat-proc", From: FromBoxes, To: ToSelf, Expect: Open,
-		Probe: func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindStat, Target: "/proc/self/status"} }},
+		Probe: statSpec("/proc/self/status")},
 	{Key: "res/guest-api", Claim: ClaimResources, Kind: "stat", ID: "res/{from}/guest-api", From: FromBoxes, To: ToSelf, Expect: Dropped,
-		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindStat, Target: "/dev/incus/sock"} },
+		Probe:    statSpec("/dev/incus/sock"),
 		Controls: []Control{{"ctl/stat-proc", EndSource, EndSource}}, Holds: any1(LayerGuestAPIOff)},
 
 	{Key: "res/limits", Claim: ClaimResources, Kind: "limits", ID: "res/{from}/limits", From: FromResBoxes, To: ToSelf, Expect: Open,
@@ -181,7 +186,7 @@ var resourceClaims = []ClaimRow{
 	// quota (found by the attacker: 300 MiB past a 64 MiB quota). The deny holds it; the
 	// control is the limits row (the probe's own mkdir control is in its evidence).
 	{Key: "res/subvolume", Claim: ClaimResources, Kind: "subvolume", ID: "res/{from}/subvolume", From: FromStressBox, To: ToResSibling, Expect: Held,
-		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindSubvolume, Target: "/"} },
+		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindSubvolume} },
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxSubvolDeny), Window: WindowResSubvol},
 	{Key: "res/latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResSibling, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: time.Second, Delay: 900 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
