@@ -12,13 +12,27 @@ DNS       ?= host
 # go test flags; TESTFLAGS=-run=Foo narrows a run.
 TESTFLAGS ?=
 TEST_TIMEOUT ?= 60m
+# make install: the binary goes to $(DESTDIR)$(PREFIX)/bin, root-owned, mode 0755.
+PREFIX    ?= /usr/local
+DESTDIR   ?=
 
-.PHONY: all build setup host test drill bench vet fmt clean
+.PHONY: all build install setup host test drill bench vet fmt clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/claudebox
+
+# Puts bin/claudebox on PATH: $(PREFIX)/bin/claudebox, owned by root, 0755 (a user can run it
+# but not replace it). Idempotent: install(1) replaces the file each time. Under sudo, whose
+# PATH often lacks Go, an already built bin/claudebox (make build) is installed as it is.
+install:
+	@if command -v $(GO) >/dev/null 2>&1; then $(MAKE) --no-print-directory build; \
+	elif [ ! -x $(BIN) ]; then echo "make install: no '$(GO)' on PATH and no $(BIN): run 'make build' first (as yourself), then 'sudo make install'"; exit 1; \
+	else echo "make install: no '$(GO)' on PATH: installing the $(BIN) already built"; fi
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin
+	install -o root -g root -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/claudebox
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/claudebox ($$($(DESTDIR)$(PREFIX)/bin/claudebox --version))"
 
 # Installs Incus when missing, starts the daemon when it is not answering, makes sure a storage
 # pool exists, builds the binary and converges the isolation stack. Idempotent.

@@ -130,7 +130,16 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		return nil, err
 	}
 	delete(box.Instance.Config, tagMint)
+	m.progress(Progress{Stage: "ready", Percent: -1, Text: o.Name + " is ready"})
 	return box, nil
+}
+
+// firstBootText is the first-boot status line: it names the template whose cloud-init runs.
+func firstBootText(name, template string) string {
+	if template == "" {
+		return "waiting for cloud-init in " + name + " (first boot)"
+	}
+	return "waiting for cloud-init in " + name + ": the " + template + " template's first boot"
 }
 
 // validateNew refuses bad options, and a ctx already ended, before anything is locked or made.
@@ -269,10 +278,12 @@ func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg
 	}
 	if src.Server == "" {
 		if _, err := m.bs.Client.ImageAlias(ctx, src.Alias); errors.Is(err, incus.ErrNotFound) {
-			return Usagef("new: no image %q on this daemon: see 'incus image list' for local aliases, or name a remote image as REMOTE:ALIAS (e.g. images:debian/12/cloud)", o.Image)
+			return missingImage(o.Image)
 		} else if err != nil && ctx.Err() == nil {
 			return err
 		}
+	} else if err := checkImageServer(ctx, o.Image, src); err != nil {
+		return err
 	}
 	req.Source = src
 	cfg[TagOrigin], cfg[TagFrom] = "fresh", o.Image
@@ -299,7 +310,11 @@ func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg
 // createInstance creates the instance and, for a container clone, gives it its own
 // machine-id.
 func (m *minting) createInstance(ctx context.Context, req incus.InstancesPost) error {
-	m.progress(Progress{Stage: "create", Percent: -1, Text: "creating " + m.o.Name})
+	from := m.o.Image
+	if m.clone {
+		from = m.o.From
+	}
+	m.progress(Progress{Stage: "create", Percent: -1, Text: "creating " + m.o.Name + " from " + from})
 	var onProgress func(incus.ProgressEvent)
 	if m.o.Progress != nil { // polling for progress costs round trips: only when someone watches
 		onProgress = func(ev incus.ProgressEvent) {
@@ -365,7 +380,7 @@ func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) e
 	if o.FirstBoot == nil {
 		return nil
 	}
-	m.progress(Progress{Stage: "first boot", Percent: -1, Text: "waiting for cloud-init in " + o.Name + " (packages, Claude Code)"})
+	m.progress(Progress{Stage: "first boot", Percent: -1, Text: firstBootText(o.Name, box.Instance.Config[TagTemplate])})
 	if err := m.bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
 		if ctx.Err() != nil || !o.KeepFailed {
 			return m.fail(ctx, "waiting for the first boot of", err)

@@ -40,9 +40,10 @@ type Summary struct {
 	Name      string    `json:"name" yaml:"name"`
 	State     string    `json:"state" yaml:"state"`
 	Type      string    `json:"type" yaml:"type"`
-	IPv4      []string  `json:"ipv4" yaml:"ipv4"`
+	IPv4      []string  `json:"ipv4" yaml:"ipv4"`           // plain: "10.87.0.10"
+	Addresses []Address `json:"addresses" yaml:"addresses"` // every address, with its interface
 	Snapshots int       `json:"snapshots" yaml:"snapshots"`
-	Created   time.Time `json:"created" yaml:"created"`
+	Created   time.Time `json:"created" yaml:"created"` // UTC
 	// Limits are the box's effective limits (its own over its profile's).
 	Limits BoxLimits `json:"limits" yaml:"limits"`
 }
@@ -94,36 +95,48 @@ func (bs *Boxes) List(ctx context.Context) ([]Summary, error) {
 // died before it could clean up): never a ready box.
 const StateMinting = "MINTING"
 
+// Address is one address of a box, each part in its own field.
+type Address struct {
+	Interface string `json:"interface" yaml:"interface"`
+	Family    string `json:"family" yaml:"family"` // inet, inet6
+	Address   string `json:"address" yaml:"address"`
+	Netmask   string `json:"netmask" yaml:"netmask"`
+	Scope     string `json:"scope" yaml:"scope"`
+}
+
 func summarize(in incus.Instance) Summary {
-	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt, IPv4: []string{}, Limits: LimitsOf(in)}
+	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt.UTC(), IPv4: []string{}, Addresses: []Address{}, Limits: LimitsOf(in)}
 	if _, minting := in.Config[tagMint]; minting {
 		s.State = StateMinting
 	}
 	if in.State != nil {
-		s.IPv4 = ipv4s(*in.State)
+		s.IPv4, s.Addresses = addresses(*in.State)
 	}
 	return s
 }
 
-func ipv4s(st incus.InstanceState) []string {
-	var out []string
+// addresses are a state's addresses (loopback left out): the IPv4 ones plain, and all of them
+// with their interface.
+func addresses(st incus.InstanceState) (ipv4 []string, all []Address) {
+	ipv4, all = []string{}, []Address{}
 	for _, iface := range sortedKeys(st.Network) {
 		if iface == "lo" {
 			continue
 		}
 		for _, a := range st.Network[iface].Addresses {
 			if a.Family == "inet" {
-				out = append(out, a.Address+" ("+iface+")")
+				ipv4 = append(ipv4, a.Address)
 			}
+			all = append(all, Address{Interface: iface, Family: a.Family, Address: a.Address, Netmask: a.Netmask, Scope: a.Scope})
 		}
 	}
-	return out
+	return ipv4, all
 }
 
 // Info is what `info` shows of a box.
+// It is flat in every format: the Summary's fields sit beside its own.
 type Info struct {
-	Summary
-	Addresses  []string          `json:"addresses" yaml:"addresses"`
+	Summary    `yaml:",inline"`
 	Provenance map[string]string `json:"provenance" yaml:"provenance"`
 	Profiles   []string          `json:"profiles" yaml:"profiles"`
 	Snapshots  []incus.Snapshot  `json:"snapshot_list" yaml:"snapshot_list"`
@@ -142,15 +155,10 @@ func (bs *Boxes) Info(ctx context.Context, b *Box) (Info, error) {
 	}
 	in := b.Instance
 	in.State, in.Snapshots = &st, snaps
-	info := Info{Summary: summarize(in), Provenance: map[string]string{}, Profiles: in.Profiles, Snapshots: snaps}
-	for _, iface := range sortedKeys(st.Network) {
-		if iface == "lo" {
-			continue
-		}
-		for _, a := range st.Network[iface].Addresses {
-			info.Addresses = append(info.Addresses, fmt.Sprintf("%s %s/%s (%s)", iface, a.Address, a.Netmask, a.Scope))
-		}
+	for i := range snaps {
+		snaps[i].CreatedAt = snaps[i].CreatedAt.UTC()
 	}
+	info := Info{Summary: summarize(in), Provenance: map[string]string{}, Profiles: in.Profiles, Snapshots: snaps}
 	for k, v := range in.Config {
 		if strings.HasPrefix(k, "user.claudebox.") && k != tagMint {
 			info.Provenance[strings.TrimPrefix(k, "user.claudebox.")] = v
@@ -261,18 +269,6 @@ func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
 		}
 	}
 	return bs.Client.DeleteInstance(ctx, b.Name)
-}
-
-// LoginCommand is the interactive login shell of a box: its `claude` user when it has one
-// (cloud images made by the claude template), else root's login shell.
-func (bs *Boxes) LoginCommand(ctx context.Context, b *Box) []string {
-	if res, err := bs.Client.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{"id", "-u", "claude"}}); err == nil && res.ExitCode == 0 {
-		return []string{"su", "-l", "claude"}
-	}
-	if res, err := bs.Client.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{"test", "-x", "/bin/bash"}}); err == nil && res.ExitCode == 0 {
-		return []string{"/bin/bash", "-l"}
-	}
-	return []string{"/bin/sh", "-l"}
 }
 
 // clearStalePort removes a leftover veth carrying the box's fixed port name (HostName): Incus

@@ -82,7 +82,7 @@ func Run(env *Env, args []string) int {
 	// the process exiting) must not kill a process whose box is whole — it exits with its
 	// code. Measured: `new` finished at 300 ms, a SIGINT then killed it (exit -1) with the
 	// box running.
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP) // SIGHUP: the terminal went away (exit 129)
 	go func() {
 		select {
 		case s := <-sigs:
@@ -125,6 +125,8 @@ func (e *signalError) Error() string {
 		return "SIGINT"
 	case syscall.SIGTERM:
 		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
 	}
 	return e.sig.String()
 }
@@ -145,11 +147,13 @@ func NewApp(env *Env, code *int) *cli.App {
 		Writer:    env.Stdout,
 		ErrWriter: env.Stderr,
 		// Errors are printed once, by Run, with the right exit code.
-		ExitErrHandler:       func(*cli.Context, error) {},
-		HideHelpCommand:      true,
+		ExitErrHandler:  func(*cli.Context, error) {},
+		HideHelpCommand: true,
+		// The table has its own help row, so urfave adds no --help of its own: this is it.
+		Flags:                []cli.Flag{cli.HelpFlag},
 		EnableBashCompletion: false,
 		CommandNotFound: func(c *cli.Context, name string) {
-			fmt.Fprintf(env.Stderr, "claudebox: unknown command %q (see 'claudebox --help')\n", name)
+			fmt.Fprintln(env.Stderr, "claudebox: "+unknownCommand(name, verbs()).Error())
 			*code = 2
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%v", err) },
@@ -165,17 +169,31 @@ func NewApp(env *Env, code *int) *cli.App {
 		cmd.Name = leaf
 		g := groups[parent]
 		if g == nil {
-			g = &cli.Command{Name: parent, Usage: groupUsage[parent], HideHelpCommand: true}
+			g = &cli.Command{Name: parent, Usage: groupUsage[parent], HideHelpCommand: true, Hidden: true}
+			g.Action = groupAction(parent)
 			groups[parent] = g
 			app.Commands = append(app.Commands, g)
 		}
 		g.Subcommands = append(g.Subcommands, cmd)
+		g.Hidden = g.Hidden && row.Hidden // a group shows when one of its rows does
 	}
 	return app
 }
 
+// groupAction runs for a group named alone (its help) or with a word that is none of its
+// subcommands (a usage error naming the nearest).
+func groupAction(group string) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.Args().Len() == 0 {
+			return cli.ShowSubcommandHelp(c)
+		}
+		return unknownCommand(group+" "+c.Args().First(), subverbs(group))
+	}
+}
+
 var groupUsage = map[string]string{
-	"host": "build, check and tear down the host's isolation stack",
+	"host":  "build, check and tear down the host's isolation stack",
+	"image": "build the local Debian 12 cloud image (for hosts that reach no image server)",
 }
 
 // render turns one row into a urfave command whose action runs the preconditions, then the row.
@@ -195,12 +213,14 @@ func render(env *Env, row Command) *cli.Command {
 		usage = strings.TrimSpace(usage + " " + row.Synopsis)
 	}
 	return &cli.Command{
-		Name:            row.Name,
-		Usage:           row.Summary,
-		ArgsUsage:       usage,
-		Flags:           flags,
-		SkipFlagParsing: row.Passthrough,
-		OnUsageError:    func(c *cli.Context, err error, _ bool) error { return boxcore.Usagef("%s: %v", row.Name, err) },
+		Name:               row.Name,
+		Usage:              row.Summary,
+		ArgsUsage:          usage,
+		Hidden:             row.Hidden,
+		CustomHelpTemplate: helpTemplate(cli.CommandHelpTemplate, row.Examples),
+		Flags:              flags,
+		SkipFlagParsing:    row.Passthrough,
+		OnUsageError:       func(c *cli.Context, err error, _ bool) error { return flagUsage(row, err) },
 		Action: func(c *cli.Context) error {
 			ctx := &Ctx{Context: c, Env: env, Cmd: row, Args: c.Args().Slice()}
 			if err := runPreconditions(ctx); err != nil {
@@ -259,6 +279,11 @@ func runPreconditions(c *Ctx) error {
 			if _, err := b.FindSnapshot(c.Context.Context, c.Box, c.Args[1]); err != nil {
 				return err
 			}
+		case NeedsForceIfRunning:
+			if c.Box.Running() && !c.Bool("force") {
+				return boxcore.Usagef("%s: box %s is %s: stop it first (claudebox stop %s), or pass --force to %s it anyway",
+					row.Name, c.Box.Name, strings.ToLower(c.Box.Instance.Status), c.Box.Name, row.Name)
+			}
 		case Confirms:
 			name := ""
 			if c.Box != nil {
@@ -272,9 +297,11 @@ func runPreconditions(c *Ctx) error {
 	return nil
 }
 
-// confirm asks on a terminal; without one it needs the row's confirm flag. Never a silent yes.
+// confirm asks on a terminal; without one it needs --yes. Never a silent yes.
 func (c *Ctx) confirm(question string) error {
-	if c.Bool(c.Cmd.ConfirmFlag) {
+	// --yes answers every prompt; on a row where --force means "even if running", --force
+	// answers it too (scripts written before --yes pass only --force).
+	if c.Bool(c.Cmd.ConfirmFlag) || (c.Cmd.Has(NeedsForceIfRunning) && c.Bool("force")) {
 		return nil
 	}
 	if !c.Env.Terminal {

@@ -1,21 +1,14 @@
 package cli
 
 import (
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/term"
-	"gopkg.in/yaml.v3"
 
 	"github.com/claudebox/claudebox/boxcore"
-	"github.com/claudebox/claudebox/boxcore/incus"
 )
 
 var boxPre = []Precondition{NeedsArgs, NeedsDaemon, NeedsBox}
@@ -26,6 +19,7 @@ func boxCommands() []Command {
 	return []Command{
 		{
 			Name:     "new",
+			Examples: []string{"claudebox new --name work", "claudebox new --name work --container --template blank --memory 4GiB", "claudebox new --name work2 --from work/authed"},
 			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--verbose]",
 			Summary:  "mint a box: isolated, Claude Code installed, nobody logged in",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
@@ -33,7 +27,7 @@ func boxCommands() []Command {
 				&cli.StringFlag{Name: "name", Usage: "the box's name", Required: true},
 				&cli.BoolFlag{Name: "vm", Usage: "a virtual machine (the default; the VM is the trust boundary)"},
 				&cli.BoolFlag{Name: "container", Usage: "a container (shares the host's kernel: no VM trust boundary)"},
-				&cli.StringFlag{Name: "image", Usage: "image ref: ALIAS or REMOTE:ALIAS (default: the template's)"},
+				&cli.StringFlag{Name: "image", Usage: "image ref: ALIAS or REMOTE:ALIAS (default: for a container, claudebox/debian12-cloud when 'claudebox image build' made it; else the template's)"},
 				&cli.StringFlag{Name: "template", Usage: "template (see 'claudebox templates')"},
 				&cli.StringFlag{Name: "cpu", Usage: "CPU limit (limits.cpu); a container also gets a hard CPU quota of at most all CPUs but one"},
 				&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 4GiB (default: the template's, at most what the host can give)"},
@@ -47,46 +41,73 @@ func boxCommands() []Command {
 		},
 		{
 			Name:     "list",
+			Examples: []string{"claudebox list", "claudebox list --format json"},
 			Synopsis: "[--format table|json|yaml|csv]",
 			Summary:  "list boxes (and only boxes)",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
-			Flags:    []cli.Flag{formatFlag("table", "json", "yaml", "csv")},
+			Flags:    []cli.Flag{formatFlag()},
 			Action:   listBoxes,
 		},
 		{
-			Name: "info", Args: []string{"BOX"}, Synopsis: "[--format text|json|yaml]",
-			Summary: "state, addresses, provenance, snapshots, and how to clone it",
-			Pre:     boxPre, Flags: []cli.Flag{formatFlag("text", "json", "yaml")},
+			Name: "info", Args: []string{"BOX"}, Synopsis: "[--format table|json|yaml|csv]",
+			Examples: []string{"claudebox info work", "claudebox info work --format yaml"},
+			Summary:  "state, addresses, provenance, snapshots, and how to clone it",
+			Pre:      boxPre, Flags: []cli.Flag{formatFlag()},
 			Action: infoBox,
 		},
 		{
-			Name: "shell", Args: []string{"BOX"},
-			Summary: "log in to a box (as its claude user, or root when it has none)",
-			Pre:     boxPre,
-			Action:  shellBox,
+			Name: "shell", Args: []string{"BOX"}, Synopsis: "[--user NAME] [--session NAME]",
+			Examples: []string{"claudebox shell work", "claudebox shell work --user root", "claudebox shell work --session main"},
+			Summary:  "log in to a box (as its claude user, or root when it has none); works with or without a terminal",
+			Pre:      boxPre,
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "user", Usage: "log in as this user of the box (root included)"},
+				&cli.StringFlag{Name: "session", Usage: "attach to (or make) this tmux session instead: it outlives the terminal"},
+			},
+			Action: shellBox,
 		},
 		{
-			Name: "exec", Args: []string{"BOX"}, Variadic: "CMD...",
-			Summary: "run a command in a box; its exit code is claudebox's",
-			Pre:     boxPre,
-			Action:  execBox,
+			Name: "exec", Args: []string{"BOX"}, Variadic: "CMD...", Synopsis: "[--user NAME] -- CMD...",
+			Examples: []string{"claudebox exec work -- claude --version", "claudebox exec work --user root -- apt-get update"},
+			Summary:  "run a command in a box as its user, with a login environment; its exit code is claudebox's",
+			Pre:      boxPre,
+			Flags:    []cli.Flag{&cli.StringFlag{Name: "user", Usage: "run as this user of the box (default: claude where it exists, else root)"}},
+			Action:   execBox,
+		},
+		{
+			Name: "tmux", Args: []string{"BOX"}, Optional: []string{"SESSION"}, Synopsis: "[--list] [--user NAME]",
+			Examples: []string{"claudebox tmux work", "claudebox tmux work main", "claudebox tmux work --list"},
+			Summary:  "attach to a tmux session in a box that survives the terminal (default: the only one, or a new 'claude')",
+			Pre:      boxPre,
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "list", Usage: "list the sessions (needs no terminal)"},
+				&cli.StringFlag{Name: "user", Usage: "the sessions of this user of the box (default: claude where it exists, else root)"},
+			},
+			Action: tmuxBox,
 		},
 		{
 			Name: "start", Args: []string{"BOX"}, Summary: "start a box", Pre: boxPre,
-			Action: func(c *Ctx) error { return boxes(c).Start(c.Context.Context, c.Box) },
+			Examples: []string{"claudebox start work"},
+			Action:   func(c *Ctx) error { return boxes(c).Start(c.Context.Context, c.Box) },
 		},
 		{
-			Name: "stop", Args: []string{"BOX"}, Synopsis: "[--force]", Summary: "stop a box",
-			Pre:   boxPre,
-			Flags: []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "kill instead of shutting down cleanly"}},
+			Name: "stop", Args: []string{"BOX"}, Synopsis: "[--kill]", Summary: "stop a box",
+			Examples: []string{"claudebox stop work", "claudebox stop work --kill"},
+			Pre:      boxPre,
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "kill", Usage: "kill instead of shutting down cleanly"},
+				// The old name of --kill: --force now means only "even if running".
+				&cli.BoolFlag{Name: "force", Usage: "the old name of --kill", Hidden: true},
+			},
 			Action: func(c *Ctx) error {
-				return boxes(c).Stop(c.Context.Context, c.Box, c.Bool("force"))
+				return boxes(c).Stop(c.Context.Context, c.Box, c.Bool("kill") || c.Bool("force"))
 			},
 		},
 		{
 			Name: "snapshot", Args: []string{"BOX"}, Optional: []string{"LABEL"},
-			Summary: "checkpoint a box (default label: the time); prints the label",
-			Pre:     boxPre,
+			Examples: []string{"claudebox snapshot work", "claudebox snapshot work authed"},
+			Summary:  "checkpoint a box (default label: the time); prints the label",
+			Pre:      boxPre,
 			Action: func(c *Ctx) error {
 				label, err := boxes(c).Snapshot(c.Context.Context, c.Box, argAt(c.Args, 1))
 				if err == nil {
@@ -96,36 +117,40 @@ func boxCommands() []Command {
 			},
 		},
 		{
-			Name: "restore", Args: []string{"BOX", "SNAP"}, Synopsis: "[--force]",
-			Summary: "roll a box back to a snapshot",
-			Pre:     []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, NeedsSnapshot, Confirms},
-			Prompt:  "Roll box %s back? Changes since the snapshot are lost.", ConfirmFlag: "force",
-			Flags: []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "do not ask"}},
+			Name: "restore", Args: []string{"BOX", "SNAP"}, Synopsis: "[--yes] [--force]",
+			Examples: []string{"claudebox restore work authed", "claudebox restore work authed --yes", "claudebox restore work authed --force"},
+			Summary:  "roll a box back to a snapshot",
+			Pre:      []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, NeedsSnapshot, NeedsForceIfRunning, Confirms},
+			Prompt:   "Roll box %s back? Changes since the snapshot are lost.", ConfirmFlag: "yes",
+			Flags: []cli.Flag{yesFlag, forceFlag},
 			Action: func(c *Ctx) error {
 				return boxes(c).Restore(c.Context.Context, c.Box, c.Args[1])
 			},
 		},
 		{
 			Name: "rename", Args: []string{"BOX", "NEW"},
-			Summary: "rename a stopped box",
-			Pre:     []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, NeedsStopped},
+			Examples: []string{"claudebox rename work work-old"},
+			Summary:  "rename a stopped box",
+			Pre:      []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, NeedsStopped},
 			Action: func(c *Ctx) error {
 				return boxes(c).Rename(c.Context.Context, c.Box, c.Args[1])
 			},
 		},
 		{
-			Name: "rm", Args: []string{"BOX"}, Synopsis: "[--force]",
-			Summary: "delete a box and its snapshots",
-			Pre:     []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, Confirms},
-			Prompt:  "Delete box %s and all its snapshots?", ConfirmFlag: "force",
-			Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "do not ask"}},
+			Name: "rm", Args: []string{"BOX"}, Synopsis: "[--yes] [--force]",
+			Examples: []string{"claudebox rm work", "claudebox rm work --yes", "claudebox rm work --force"},
+			Summary:  "delete a box and its snapshots",
+			Pre:      []Precondition{NeedsArgs, NeedsDaemon, NeedsBox, NeedsForceIfRunning, Confirms},
+			Prompt:   "Delete box %s and all its snapshots?", ConfirmFlag: "yes",
+			Flags:  []cli.Flag{yesFlag, forceFlag},
 			Action: func(c *Ctx) error { return boxes(c).Remove(c.Context.Context, c.Box) },
 		},
 		{
 			Name: "incus", Args: []string{"BOX"}, Variadic: "ARGS...",
-			Summary: "escape hatch: run the incus CLI on a box ({} is the box; warns when it could leave the isolation stack)",
-			Pre:     boxPre,
-			Action:  incusHatch,
+			Examples: []string{"claudebox incus work -- config show {}", "claudebox incus work -- snapshot list {}"},
+			Summary:  "escape hatch: run the incus CLI on a box ({} is the box; warns when it could leave the isolation stack)",
+			Pre:      boxPre,
+			Action:   incusHatch,
 		},
 	}
 }
@@ -189,6 +214,15 @@ func newBox(c *Ctx) error {
 					"Pass --container to get a container instead: it shares the host's kernel, so it gives up the VM trust boundary")
 			}
 		}
+		if o.Image == "" && !o.VM {
+			// A container without --image: the local image of 'claudebox image build' when it
+			// exists, else the template's (an image server).
+			img, err := boxes(c).LocalDefaultImage(c.Context.Context)
+			if err != nil {
+				return err
+			}
+			o.Image = img
+		}
 		if err := applyTemplate(c, &o); err != nil {
 			return err
 		}
@@ -196,6 +230,8 @@ func newBox(c *Ctx) error {
 	stopProgress := func() {}
 	if c.Env.Terminal {
 		o.Progress, stopProgress = terminalProgress(c)
+	} else {
+		o.Progress = pipedProgress(c)
 	}
 	timings := &boxcore.MintTimings{}
 	o.Timings = timings
@@ -211,6 +247,26 @@ func newBox(c *Ctx) error {
 			timings.Launch.Seconds(), timings.FirstBoot.Seconds(), timings.ClaudeInstall.Seconds())
 	}
 	return nil
+}
+
+// pipedProgress prints one line per stage of `new` to stderr as it begins (create, download,
+// start, first boot, ready), with the seconds since the start: no redrawing, no escapes.
+func pipedProgress(c *Ctx) func(boxcore.Progress) {
+	var mu sync.Mutex
+	last, start := "", time.Now()
+	return func(p boxcore.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Stage == last {
+			return // download percentages: the stage's first line says it
+		}
+		last = p.Stage
+		text := p.Text
+		if p.Stage == "download" {
+			text = "preparing the image (download or unpack into the pool)"
+		}
+		fmt.Fprintf(c.Env.Stderr, "new: %s: %s (%.1fs)\n", p.Stage, text, time.Since(start).Seconds())
+	}
 }
 
 // terminalProgress draws one status line on stderr, redrawn every second with the time the
@@ -258,8 +314,15 @@ func terminalProgress(c *Ctx) (update func(boxcore.Progress), stop func()) {
 	return update, stop
 }
 
+// yesFlag answers a row's prompt; forceFlag lets a row act on a running box (and, so that
+// scripts from before --yes keep working, answers the prompt too).
+var (
+	yesFlag   = &cli.BoolFlag{Name: "yes", Usage: "do not ask"}
+	forceFlag = &cli.BoolFlag{Name: "force", Usage: "even if the box is running (implies --yes)"}
+)
+
 func listBoxes(c *Ctx) error {
-	format, err := checkFormat(c, "table", "json", "yaml", "csv")
+	format, err := checkFormat(c)
 	if err != nil {
 		return err
 	}
@@ -267,40 +330,11 @@ func listBoxes(c *Ctx) error {
 	if err != nil {
 		return err
 	}
-	switch format {
-	case "json":
-		return writeJSON(c, list)
-	case "yaml":
-		return yaml.NewEncoder(c.Env.Stdout).Encode(list)
-	case "csv":
-		w := csv.NewWriter(c.Env.Stdout)
-		_ = w.Write([]string{"name", "state", "type", "ipv4", "snapshots", "created"})
-		for _, b := range list {
-			_ = w.Write([]string{b.Name, b.State, b.Type, strings.Join(b.IPv4, " "), fmt.Sprint(b.Snapshots), b.Created.UTC().Format(time.RFC3339)})
-		}
-		w.Flush()
-		return w.Error()
-	}
-	tw := tabwriter.NewWriter(c.Env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tTYPE\tIPV4\tSNAPSHOTS\tCREATED")
-	for _, b := range list {
-		ip := strings.Join(b.IPv4, ", ")
-		if ip == "" {
-			ip = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", b.Name, b.State, b.Type, ip, b.Snapshots, b.Created.UTC().Format("2006-01-02 15:04"))
-	}
-	return tw.Flush()
-}
-
-func writeJSON(c *Ctx, v any) error {
-	enc := json.NewEncoder(c.Env.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return writeList(c.Env.Stdout, format, list)
 }
 
 func infoBox(c *Ctx) error {
-	format, err := checkFormat(c, "text", "json", "yaml")
+	format, err := checkFormat(c)
 	if err != nil {
 		return err
 	}
@@ -308,37 +342,7 @@ func infoBox(c *Ctx) error {
 	if err != nil {
 		return err
 	}
-	switch format {
-	case "json":
-		return writeJSON(c, info)
-	case "yaml":
-		return yaml.NewEncoder(c.Env.Stdout).Encode(info)
-	}
-	c.Out("name:      %s", info.Name)
-	c.Out("state:     %s", info.State)
-	if info.State == boxcore.StateMinting {
-		c.Out("           not ready: a 'claudebox new' is still making it, or died before it could clean up (then: claudebox rm %s --force)", info.Name)
-	}
-	c.Out("type:      %s", info.Type)
-	c.Out("profiles:  %s", strings.Join(info.Profiles, ", "))
-	c.Out("created:   %s", info.Created.UTC().Format(time.RFC3339))
-	c.Out("limits:    %s", limitsLine(info.Limits))
-	c.Out("addresses:")
-	for _, a := range info.Addresses {
-		c.Out("  %s", a)
-	}
-	c.Out("provenance:")
-	for _, k := range []string{"origin", "from", "created", "version"} {
-		if v, ok := info.Provenance[k]; ok {
-			c.Out("  %s: %s", k, v)
-		}
-	}
-	c.Out("snapshots: %d", len(info.Snapshots))
-	for _, s := range info.Snapshots {
-		c.Out("  %s  %s", s.Name, s.CreatedAt.UTC().Format(time.RFC3339))
-	}
-	c.Out("clone it:  %s", info.CloneLine)
-	return nil
+	return writeInfo(c.Env.Stdout, format, info)
 }
 
 // limitsLine renders a box's limits for info: processes, memory, CPUs and CPU quota, and what
@@ -355,57 +359,4 @@ func limitsLine(l boxcore.BoxLimits) string {
 		line += "; missing: " + strings.Join(l.Missing, ", ")
 	}
 	return line
-}
-
-func shellBox(c *Ctx) error {
-	if !c.Box.Running() || c.Box.Instance.Status != "Running" {
-		return boxcore.Usagef("shell: box %s is %s: start it first: claudebox start %s", c.Box.Name, strings.ToLower(c.Box.Instance.Status), c.Box.Name)
-	}
-	cmd := boxes(c).LoginCommand(c.Context.Context, c.Box)
-	return runInteractive(c, incus.ExecRequest{Command: cmd, Env: map[string]string{"TERM": termName()}}, true)
-}
-
-func execBox(c *Ctx) error {
-	cmd := c.Args[1:]
-	if len(cmd) > 0 && cmd[0] == "--" {
-		cmd = cmd[1:]
-	}
-	if len(cmd) == 0 {
-		return boxcore.Usagef("exec: no command (usage: claudebox exec BOX -- CMD...)")
-	}
-	if c.Box.Instance.Status != "Running" {
-		return boxcore.Usagef("exec: box %s is %s: start it first: claudebox start %s", c.Box.Name, strings.ToLower(c.Box.Instance.Status), c.Box.Name)
-	}
-	tty := isTerminal(os.Stdin) && isTerminal(os.Stdout) && c.Env.Stdin == os.Stdin
-	return runInteractive(c, incus.ExecRequest{Command: cmd}, tty)
-}
-
-func runInteractive(c *Ctx, req incus.ExecRequest, tty bool) error {
-	w, h := 80, 24
-	if tty {
-		fd := int(os.Stdin.Fd())
-		if cols, rows, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
-			w, h = cols, rows
-		}
-		if old, err := term.MakeRaw(fd); err == nil {
-			defer term.Restore(fd, old)
-		}
-	}
-	code, err := c.Client.ExecInteractive(c.Context.Context, c.Box.Name, req, c.Env.Stdin, c.Env.Stdout, c.Env.Stderr, tty, w, h)
-	if err != nil {
-		return err
-	}
-	if code != 0 {
-		return exitError{code}
-	}
-	return nil
-}
-
-func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
-
-func termName() string {
-	if t := os.Getenv("TERM"); t != "" {
-		return t
-	}
-	return "xterm-256color"
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 	"time"
 
@@ -14,7 +13,8 @@ import (
 func drillCommands() []Command {
 	return []Command{{
 		Name:     "drill",
-		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--json] [--keep] [--cleanup] [--self-test --yes] [--soak N --yes]",
+		Examples: []string{"sudo claudebox drill", "sudo claudebox drill --format json", "sudo claudebox drill --self-test --yes", "sudo claudebox drill --soak 20 --yes", "sudo claudebox drill --cleanup"},
+		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--format table|json|yaml|csv] [--keep] [--cleanup] [--self-test --yes] [--soak N --yes]",
 		Summary:  "prove the isolation: real boxes, probes, decoy hosts, positive controls (and seeded holes with --self-test)",
 		Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
 		Flags: []cli.Flag{
@@ -23,7 +23,9 @@ func drillCommands() []Command {
 			&cli.IntFlag{Name: "boxes", Value: 2, Usage: "how many boxes (at least 2)"},
 			&cli.StringFlag{Name: "image", Usage: "box image (default: the scratch probe image built from this binary)"},
 			&cli.StringFlag{Name: "record", Usage: "append the run to this Markdown file (and its .jsonl sibling) (default: " + drill.DefaultRecord() + ")"},
-			&cli.BoolFlag{Name: "json", Usage: "also print the run as one JSON line"},
+			formatFlag(),
+			// The old --json: --format json.
+			&cli.BoolFlag{Name: "json", Usage: "the old name of --format json", Hidden: true},
 			&cli.BoolFlag{Name: "keep", Usage: "leave the boxes running afterwards (--cleanup removes them)"},
 			&cli.BoolFlag{Name: "cleanup", Usage: "only remove what dead drill runs left behind, then exit"},
 			&cli.BoolFlag{Name: "self-test", Usage: "after the matrix, seed a hole per layer (CHANGES THE HOST STACK, restores it; needs --yes)"},
@@ -66,6 +68,13 @@ func runDrill(c *Ctx) error {
 	if c.Int("boxes") < 2 {
 		return boxcore.Usagef("drill: --boxes must be at least 2")
 	}
+	format, err := checkFormat(c)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") && !c.IsSet("format") {
+		format = "json"
+	}
 	bin, err := os.Executable()
 	if err != nil {
 		return err
@@ -81,7 +90,13 @@ func runDrill(c *Ctx) error {
 	if c.Bool("vm") {
 		rep.InstanceType = "virtual-machine"
 	}
-	rep.PrintMatrix(c.Env.Stdout)
+	// stdout holds only the chosen format; the matrix a person reads goes to stderr then.
+	if format != "table" {
+		rep.PrintMatrix(c.Env.Stderr)
+	}
+	if werr := writeDrill(c.Env.Stdout, format, rep); werr != nil {
+		return werr
+	}
 	record := c.String("record")
 	if record == "" {
 		record = drill.DefaultRecord()
@@ -90,9 +105,6 @@ func runDrill(c *Ctx) error {
 		c.Warn("drill: could not append the record to %s: %v", record, aerr)
 	} else {
 		c.Warn("drill: recorded in %s and %s", record, drill.JSONLPath(record))
-	}
-	if c.Bool("json") {
-		fmt.Fprintln(c.Env.Stdout, string(rep.JSON()))
 	}
 	if err != nil {
 		return err

@@ -59,10 +59,15 @@ func TestClaudeBoxEndToEnd(t *testing.T) {
 		if v := asClaude(box, "claude", "--version"); !regexp.MustCompile(`\d+\.\d+\.\d+`).MatchString(v) {
 			t.Fatalf("claude --version printed %q", v)
 		}
-		// Non-login shell, through claudebox exec, as the user.
-		r := h.expect(0, "", "exec", box, "--", "su", templates.User, "-c", "claude --version")
+		// Non-login shell, through claudebox exec as root, as the user.
+		r := h.expect(0, "", "exec", box, "--user", "root", "--", "su", templates.User, "-c", "claude --version")
 		if !strings.Contains(r.stdout, "Claude Code") {
 			t.Fatalf("non-login claude --version: %q", r.stdout)
+		}
+		// claudebox exec itself runs as the user, with a login environment.
+		r = h.expect(0, "", "exec", box, "--", "claude", "--version")
+		if !strings.Contains(r.stdout, "Claude Code") {
+			t.Fatalf("claudebox exec claude --version: %q", r.stdout)
 		}
 		md := asClaude(box, "cat", "~/.claude/CLAUDE.md")
 		for _, p := range templates.ClaudeMDPoints() {

@@ -1,10 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
-	"fmt"
-	"text/tabwriter"
-
 	"github.com/urfave/cli/v2"
 
 	"github.com/claudebox/claudebox/boxcore"
@@ -14,6 +10,7 @@ func hostCommands() []Command {
 	return []Command{
 		{
 			Name:        "host init",
+			Examples:    []string{"sudo claudebox host init", "sudo claudebox host init --dns host --yes", "sudo claudebox host init --subnet 10.87.0.0/24 --dns 1.1.1.1,9.9.9.9"},
 			Synopsis:    "[--subnet A.B.C.0/24] [--dns host|IP[,IP...]] [--yes]",
 			Summary:     "create or repair the isolation stack: network, ACL, profile, firewall",
 			Pre:         []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
@@ -28,14 +25,16 @@ func hostCommands() []Command {
 		},
 		{
 			Name:     "host check",
-			Synopsis: "[--format table|json]",
+			Examples: []string{"sudo claudebox host check", "sudo claudebox host check --format json"},
+			Synopsis: "[--format table|json|yaml|csv]",
 			Summary:  "read back every layer (Incus and the kernel) and compare; exit 1 on drift",
 			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
-			Flags:    []cli.Flag{formatFlag("table", "json")},
+			Flags:    []cli.Flag{formatFlag()},
 			Action:   hostCheck,
 		},
 		{
 			Name:        "host teardown",
+			Examples:    []string{"sudo claudebox host teardown", "sudo claudebox host teardown --yes --force"},
 			Synopsis:    "[--yes] [--force]",
 			Summary:     "remove the isolation stack (refuses while boxes use it unless --force)",
 			Pre:         []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
@@ -49,6 +48,7 @@ func hostCommands() []Command {
 		},
 		{
 			Name:     "host firewall",
+			Examples: []string{"sudo claudebox host firewall"},
 			Synopsis: "[--network NAME]",
 			Summary:  "re-apply only the nftables rules (what the boot unit runs)",
 			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
@@ -117,7 +117,7 @@ func hostInit(c *Ctx) error {
 }
 
 func hostCheck(c *Ctx) error {
-	format, err := checkFormat(c, "table", "json")
+	format, err := checkFormat(c)
 	if err != nil {
 		return err
 	}
@@ -125,30 +125,15 @@ func hostCheck(c *Ctx) error {
 	if err != nil {
 		return err
 	}
-	if format == "json" {
-		enc := json.NewEncoder(c.Env.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			return err
-		}
-	} else {
-		tw := tabwriter.NewWriter(c.Env.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "LAYER\tITEM\tEXPECTED\tACTUAL\t")
-		for _, row := range r.Rows {
-			mark := ""
-			if !row.OK {
-				mark = "DRIFT"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", row.Layer, row.Item, row.Expected, row.Actual, mark)
-		}
-		tw.Flush()
+	if err := writeCheck(c.Env.Stdout, format, r); err != nil {
+		return err
 	}
 	if !r.OK {
 		n := len(r.Drift())
 		c.Warn("drift: %d item(s) differ; 'claudebox host init' repairs them", n)
 		return exitError{1}
 	}
-	if format != "json" {
+	if format == "table" {
 		c.Out("ok: the stack is as declared")
 	}
 	return nil
@@ -194,19 +179,4 @@ func hostTeardown(c *Ctx) error {
 		c.Warn("%d box(es) lost their network: %v", len(plan.Boxes), plan.Boxes)
 	}
 	return nil
-}
-
-// formatFlag is the --format flag with its allowed values, first is the default.
-func formatFlag(values ...string) cli.Flag {
-	return &cli.StringFlag{Name: "format", Value: values[0], Usage: "output format: " + fmt.Sprint(values)}
-}
-
-func checkFormat(c *Ctx, allowed ...string) (string, error) {
-	f := c.String("format")
-	for _, a := range allowed {
-		if f == a {
-			return f, nil
-		}
-	}
-	return "", boxcore.Usagef("%s: unknown --format %q (one of %v)", c.Cmd.Name, f, allowed)
 }

@@ -5,22 +5,25 @@ import "github.com/claudebox/claudebox/drill/probes"
 func miscCommands() []Command {
 	return []Command{
 		{
-			Name:    "version",
-			Summary: "print claudebox's version",
-			Pre:     []Precondition{NeedsArgs},
+			Name:     "version",
+			Examples: []string{"claudebox version"},
+			Summary:  "print claudebox's version",
+			Pre:      []Precondition{NeedsArgs},
 			Action: func(c *Ctx) error {
 				c.Out("claudebox %s", Version)
 				return nil
 			},
 		},
 		{
-			Name:    "templates",
-			Summary: "list the box templates `new --template` takes",
-			Pre:     []Precondition{NeedsArgs},
-			Action:  listTemplates,
+			Name:     "templates",
+			Examples: []string{"claudebox templates"},
+			Summary:  "list the box templates `new --template` takes",
+			Pre:      []Precondition{NeedsArgs},
+			Action:   listTemplates,
 		},
 		{
 			Name: "probe", Variadic: "run|facts|hits|status|serve ...",
+			Hidden:      true, // the drill runs it inside a box; nobody types it
 			Summary:     "the drill's probe agent (runs inside a box): probes, listeners, facts",
 			Passthrough: true,
 			Action: func(c *Ctx) error {

@@ -21,14 +21,18 @@ const (
 	NeedsStopped
 	// NeedsSnapshot: the second argument names an existing snapshot of the box.
 	NeedsSnapshot
-	// Confirms: asks the row's Prompt on a terminal; with no terminal it needs --force/--yes.
+	// NeedsForceIfRunning: a running box is refused unless --force ("even if running": the one
+	// thing --force means).
+	NeedsForceIfRunning
+	// Confirms: asks the row's Prompt on a terminal; with no terminal it needs --yes (or, on a
+	// row that takes --force, --force: old scripts pass that).
 	Confirms
 )
 
-var preconditionOrder = []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon, NeedsBox, NeedsStopped, NeedsSnapshot, Confirms}
+var preconditionOrder = []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon, NeedsBox, NeedsStopped, NeedsSnapshot, NeedsForceIfRunning, Confirms}
 
 func (p Precondition) String() string {
-	return [...]string{"needs-args", "needs-root", "needs-daemon", "needs-box", "needs-stopped", "needs-snapshot", "confirms"}[p]
+	return [...]string{"needs-args", "needs-root", "needs-daemon", "needs-box", "needs-stopped", "needs-snapshot", "needs-force-if-running", "confirms"}[p]
 }
 
 // Command is one row of the table: everything that exists, its help, and what runs.
@@ -39,10 +43,16 @@ type Command struct {
 	Variadic string   // name of trailing repeated args, e.g. "CMD..."
 	Synopsis string   // flags as shown in help; every --flag named here must exist
 	Summary  string
-	Flags    []cli.Flag
-	Pre      []Precondition
-	Prompt   string // the Confirms question; %s is the box name
-	// ConfirmFlag is the flag that answers the prompt without a terminal ("force" or "yes").
+	// Examples are whole command lines ("claudebox rm work --yes"), shown under EXAMPLES in
+	// --help; a test parses each against the table. Every visible row has some.
+	Examples []string
+	// Hidden rows dispatch but are not listed in help or offered by completion (probe,
+	// __complete).
+	Hidden bool
+	Flags  []cli.Flag
+	Pre    []Precondition
+	Prompt string // the Confirms question; %s is the box name
+	// ConfirmFlag is the flag that answers the prompt without a terminal: "yes".
 	ConfirmFlag string
 	// Passthrough hands every argument to the action unparsed (the probe agent parses its own).
 	Passthrough bool
@@ -63,8 +73,11 @@ func (c Command) Has(p Precondition) bool {
 func Commands() []Command {
 	cmds := []Command{}
 	cmds = append(cmds, boxCommands()...)
+	cmds = append(cmds, exportCommands()...)
 	cmds = append(cmds, hostCommands()...)
+	cmds = append(cmds, imageCommands()...)
 	cmds = append(cmds, miscCommands()...)
 	cmds = append(cmds, drillCommands()...)
+	cmds = append(cmds, helpCommands()...)
 	return cmds
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // helpCommands reads the COMMANDS section of a help text.
-func helpCommands(help string) []string {
+func helpListed(help string) []string {
 	var names []string
 	in := false
 	for _, line := range strings.Split(help, "\n") {
@@ -58,20 +58,27 @@ func TestHelpAndDispatchAgree(t *testing.T) {
 		}
 	}
 	walk("", app.Commands)
-	var table []string
+	var table, visible []string
 	for _, row := range Commands() {
 		table = append(table, row.Name)
+		if !row.Hidden {
+			visible = append(visible, row.Name)
+		}
 	}
 	sort.Strings(dispatched)
 	sort.Strings(table)
+	sort.Strings(visible)
 	if !slices.Equal(dispatched, table) {
 		t.Fatalf("dispatch %v != table %v", dispatched, table)
+	}
+	if len(visible) == len(table) {
+		t.Fatalf("no hidden row (probe and __complete are hidden)")
 	}
 
 	// Every entry help shows dispatches, and every dispatching command is shown in help.
 	var helped []string
-	for _, name := range helpCommands(runHelp(t, "--help")) {
-		sub := helpCommands(runHelp(t, name, "--help"))
+	for _, name := range helpListed(runHelp(t, "--help")) {
+		sub := helpListed(runHelp(t, name, "--help"))
 		if len(sub) == 0 {
 			helped = append(helped, name)
 		}
@@ -80,10 +87,10 @@ func TestHelpAndDispatchAgree(t *testing.T) {
 		}
 	}
 	sort.Strings(helped)
-	if !slices.Equal(helped, table) {
-		t.Fatalf("help lists %v, table has %v", helped, table)
+	if !slices.Equal(helped, visible) {
+		t.Fatalf("help lists %v, the table's visible rows are %v", helped, visible)
 	}
-	for _, name := range table {
+	for _, name := range visible {
 		text := runHelp(t, append(strings.Fields(name), "--help")...)
 		row, _, _ := findRow(strings.Fields(name))
 		if !strings.Contains(text, row.Summary) {
@@ -147,7 +154,8 @@ func TestPreconditionOrderIsComplete(t *testing.T) {
 	}
 	// Arguments are checked before anything talks to a daemon, boxes before confirmation.
 	idx := func(p Precondition) int { return slices.Index(preconditionOrder, p) }
-	if !(idx(NeedsArgs) < idx(NeedsDaemon) && idx(NeedsDaemon) < idx(NeedsBox) && idx(NeedsBox) < idx(NeedsSnapshot) && idx(NeedsSnapshot) < idx(Confirms)) {
+	if !(idx(NeedsArgs) < idx(NeedsDaemon) && idx(NeedsDaemon) < idx(NeedsBox) && idx(NeedsBox) < idx(NeedsSnapshot) && idx(NeedsSnapshot) < idx(Confirms) &&
+		idx(NeedsBox) < idx(NeedsForceIfRunning) && idx(NeedsForceIfRunning) < idx(Confirms)) {
 		t.Fatalf("order %v", preconditionOrder)
 	}
 }

@@ -240,8 +240,16 @@ func TestLifecycle(t *testing.T) {
 	h.t = t
 
 	t.Run("rm", func(t *testing.T) {
-		h.unchanged(2, "no terminal to confirm on: pass --force", "rm", a)
-		h.unchanged(2, "no terminal to confirm on: pass --force", "restore", a, "authed")
+		// --force means only "even if running": a running box is refused without it, --yes
+		// or not; a stopped one is asked about, and --yes (or --force) answers.
+		for _, args := range [][]string{{"rm", a}, {"rm", a, "--yes"}, {"restore", a, "authed"}, {"restore", a, "authed", "--yes"}} {
+			h.unchanged(2, "is running: stop it first (claudebox stop "+a+"), or pass --force", args...)
+		}
+		h.expect(0, "", "stop", a)
+		h.unchanged(2, "no terminal to confirm on: pass --yes", "rm", a)
+		h.unchanged(2, "no terminal to confirm on: pass --yes", "restore", a, "authed")
+		h.expect(0, "", "restore", a, "authed", "--yes")
+		h.expect(0, "", "rm", a, "--yes")
 		h.expect(0, "", "rm", h.name("c"), "--force")
 		if _, _, err := h.c.Instance(context.Background(), h.name("c")); err == nil {
 			t.Fatal("rm left the box")
@@ -315,8 +323,8 @@ func TestBadInput(t *testing.T) {
 		{2, "does not take --image", []string{"new", "--name", h.name("y"), "--from", a, "--cpu", "1"}},
 		{2, "unknown Incus remote", []string{"list", "--remote", "nosuchremote"}},
 		{2, "unknown Incus remote", []string{"info", a, "--remote", "nosuchremote"}},
-		{2, "no terminal to confirm on", []string{"rm", a}},
-		{2, "no terminal to confirm on", []string{"restore", a, "s1"}},
+		{2, "is running: stop it first", []string{"rm", a}},
+		{2, "is running: stop it first", []string{"restore", a, "s1", "--yes"}},
 		{2, "missing BOX", []string{"rm"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

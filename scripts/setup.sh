@@ -57,7 +57,7 @@ install_incus() {
 }
 
 # Programs the test suite runs, and the Debian package each comes in.
-test_tools=(debootstrap:debootstrap cloud-init:cloud-init nft:nftables dnsmasq:dnsmasq-base ip:iproute2 nsenter:util-linux tar:tar gzip:gzip)
+test_tools=(debootstrap:debootstrap cloud-init:cloud-init nft:nftables dnsmasq:dnsmasq-base ip:iproute2 nsenter:util-linux tar:tar gzip:gzip zsh:zsh fish:fish)
 
 install_test_tools() {
 	local missing=() pair bin pkg

@@ -67,6 +67,10 @@ func (c *Client) Exec(ctx context.Context, inst string, req ExecRequest) (ExecRe
 // terminal, so the stderr writer is unused); req.Resize resizes it. Without tty stdin,
 // stdout and stderr are separate streams. stdin may be nil. A stdin that never reaches EOF
 // (a terminal) is read by a goroutine that outlives the call until its next Read returns.
+//
+// The exit code is the one a shell gives: Incus reports a command that ended with 127 or 126
+// as a failed operation ("Command not found", "Command not executable"); here those are the
+// codes again, not errors.
 func (c *Client) ExecInteractive(ctx context.Context, inst string, req ExecRequest, stdin io.Reader, stdout io.Writer, stderr io.Writer, tty bool, width, height int) (int, error) {
 	if stdout == nil {
 		stdout = io.Discard
@@ -74,7 +78,29 @@ func (c *Client) ExecInteractive(ctx context.Context, inst string, req ExecReque
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	return c.execWS(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
+	code, err := c.execWS(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
+	if err != nil && ctx.Err() == nil {
+		if n, ok := shellCode(err); ok {
+			return n, nil
+		}
+	}
+	return code, err
+}
+
+// shellCode is the exit code behind an exec operation's failure that only reports how the
+// command ended: 127 (not found) or 126 (not executable).
+func shellCode(err error) (int, bool) {
+	var se *StatusError
+	if !errors.As(err, &se) {
+		return 0, false
+	}
+	switch msg := se.Message; {
+	case strings.HasSuffix(msg, "Command not found"):
+		return 127, true
+	case strings.HasSuffix(msg, "Command not executable"):
+		return 126, true
+	}
+	return 0, false
 }
 
 func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {

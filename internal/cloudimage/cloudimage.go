@@ -1,7 +1,8 @@
 // Package cloudimage builds a cloud-init-capable Debian 12 CONTAINER image from Debian's
 // own packages (debootstrap), for tests and CI that must prove what cloud-init does in a
 // box without downloading images:debian/12/cloud (the image server is not reachable from
-// the test machines).
+// the test machines) — and, through BuildAlias, for `claudebox image build`, which imports the
+// same image under a product alias on hosts that reach no image server.
 //
 // The image is a unified tarball (metadata.yaml + templates/ + rootfs/) holding systemd as
 // init, cloud-init (Debian's 22.4), ifupdown + isc-dhcp-client for eth0 DHCP (cloud-init's
@@ -131,16 +132,22 @@ var requirementBinary = map[string]string{"debootstrap": "debootstrap"}
 // It never installs anything: `make setup` (scripts/setup.sh) does, once, before any test,
 // because two test packages running apt-get at once collide on the dpkg lock.
 func CheckRequirements() error {
+	missing := missingRequirements()
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("cloudimage: the image build needs %s, which is not installed: run 'sudo make setup' (it installs everything the tests use)", strings.Join(missing, ", "))
+}
+
+// missingRequirements returns the packages of Requirements whose program is not on PATH.
+func missingRequirements() []string {
 	var missing []string
 	for _, p := range Requirements() {
 		if _, err := exec.LookPath(requirementBinary[p]); err != nil {
 			missing = append(missing, p)
 		}
 	}
-	if len(missing) == 0 {
-		return nil
-	}
-	return fmt.Errorf("cloudimage: the image build needs %s, which is not installed: run 'sudo make setup' (it installs everything the tests use)", strings.Join(missing, ", "))
+	return missing
 }
 
 // HostMirror returns the first Debian archive URI the host's apt sources use (deb822
@@ -307,11 +314,14 @@ func importFile(ctx context.Context, c *incus.Client, path string) (string, erro
 	if !errors.Is(err, incus.ErrConflict) {
 		return "", fmt.Errorf("cloudimage: importing %s: %w", path, err)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return "", err
+	// The upload closed f (an HTTP request body is closed once sent): hash a fresh handle.
+	g, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("cloudimage: %w", err)
 	}
+	defer g.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := io.Copy(h, g); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
