@@ -313,15 +313,7 @@ func (bs *Boxes) importTarball(ctx context.Context, file string, rw *exportRewri
 	if err != nil || id == "" {
 		return err
 	}
-	_, err = bs.Client.WaitOperation(ctx, id, nil)
-	if ctx.Err() == nil {
-		return err
-	}
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer wcancel()
-	_ = bs.Client.CancelOperation(wctx, id)
-	_, _ = bs.Client.WaitOperation(wctx, id, nil)
-	return ctx.Err()
+	return bs.awaitOrCancel(ctx, id, nil)
 }
 
 // exportFile is what import learnt of a file in its first reading.

@@ -417,7 +417,14 @@ func (bs *Boxes) create(ctx context.Context, req incus.InstancesPost, progress f
 	if err != nil || id == "" {
 		return err
 	}
-	_, err = bs.Client.WaitOperation(ctx, id, progress)
+	return bs.awaitOrCancel(ctx, id, progress)
+}
+
+// awaitOrCancel waits for a creating operation (a create, an import). When ctx ends first,
+// it cancels the operation if the daemon allows it and waits for it either way, so whatever
+// removes the half-made instance afterwards runs only once nothing is still making it.
+func (bs *Boxes) awaitOrCancel(ctx context.Context, id string, progress func(incus.ProgressEvent)) error {
+	_, err := bs.Client.WaitOperation(ctx, id, progress)
 	if ctx.Err() == nil {
 		return err
 	}

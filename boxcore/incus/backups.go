@@ -22,18 +22,7 @@ type BackupsPost struct {
 // InstanceOnly) and returns the operation making it, without waiting (WaitOperation). The
 // daemon deletes the backup by itself once ExpiresAt passes.
 func (c *Client) StartCreateBackup(ctx context.Context, inst string, req BackupsPost) (string, error) {
-	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances/"+esc(inst)+"/backups", req, nil)
-	if err != nil {
-		return "", err
-	}
-	if r.Type != "async" {
-		return "", nil
-	}
-	op, err := decodeOp(r)
-	if err != nil {
-		return "", err
-	}
-	return op.ID, nil
+	return c.start(ctx, http.MethodPost, "/1.0/instances/"+esc(inst)+"/backups", req, nil)
 }
 
 // ExportBackup streams a backup's tarball into w and returns how many bytes it wrote.
@@ -83,19 +72,8 @@ func (c *Client) StartImportInstance(ctx context.Context, body io.Reader, name, 
 	if pool != "" {
 		h.Set("X-Incus-pool", pool)
 	}
-	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances", nil,
+	return c.start(ctx, http.MethodPost, "/1.0/instances", nil,
 		&reqOpts{body: body, contentType: "application/octet-stream", header: h})
-	if err != nil {
-		return "", err
-	}
-	if r.Type != "async" {
-		return "", nil
-	}
-	op, err := decodeOp(r)
-	if err != nil {
-		return "", err
-	}
-	return op.ID, nil
 }
 
 // Backups lists the names of an instance's backups.

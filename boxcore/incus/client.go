@@ -233,18 +233,28 @@ func (c *Client) get(ctx context.Context, path string, out any) (string, error) 
 // call sends a request and, when the answer is an operation, waits for it. It returns the
 // final operation (nil for a sync answer).
 func (c *Client) call(ctx context.Context, method, path string, in any, opts *reqOpts) (*Operation, error) {
-	r, _, err := c.do(ctx, method, path, in, opts)
-	if err != nil {
+	id, err := c.start(ctx, method, path, in, opts)
+	if err != nil || id == "" {
 		return nil, err
 	}
+	return c.WaitOperation(ctx, id, nil)
+}
+
+// start sends a request and returns the id of the operation it started, without waiting; ""
+// when the daemon answered synchronously (it is done).
+func (c *Client) start(ctx context.Context, method, path string, in any, opts *reqOpts) (string, error) {
+	r, _, err := c.do(ctx, method, path, in, opts)
+	if err != nil {
+		return "", err
+	}
 	if r.Type != "async" {
-		return nil, nil
+		return "", nil
 	}
 	op, err := decodeOp(r)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return c.WaitOperation(ctx, op.ID, nil)
+	return op.ID, nil
 }
 
 func decodeOp(r *response) (*Operation, error) {

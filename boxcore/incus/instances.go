@@ -181,18 +181,11 @@ func (c *Client) CreateInstance(ctx context.Context, req InstancesPost, progress
 	if req.Profiles == nil {
 		req.Profiles = []string{}
 	}
-	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances", req, nil)
-	if err != nil {
+	id, err := c.start(ctx, http.MethodPost, "/1.0/instances", req, nil)
+	if err != nil || id == "" {
 		return err
 	}
-	if r.Type != "async" {
-		return nil
-	}
-	op, err := decodeOp(r)
-	if err != nil {
-		return err
-	}
-	_, err = c.WaitOperation(ctx, op.ID, progress)
+	_, err = c.WaitOperation(ctx, id, progress)
 	return err
 }
 
@@ -203,18 +196,7 @@ func (c *Client) StartCreateInstance(ctx context.Context, req InstancesPost) (st
 	if req.Profiles == nil {
 		req.Profiles = []string{}
 	}
-	r, _, err := c.do(ctx, http.MethodPost, "/1.0/instances", req, nil)
-	if err != nil {
-		return "", err
-	}
-	if r.Type != "async" {
-		return "", nil
-	}
-	op, err := decodeOp(r)
-	if err != nil {
-		return "", err
-	}
-	return op.ID, nil
+	return c.start(ctx, http.MethodPost, "/1.0/instances", req, nil)
 }
 
 // UpdateInstance replaces an instance's writable configuration (PUT). etag, when not
