@@ -318,11 +318,40 @@ func (e *engine) remint(ctx context.Context) error {
 		old[b.Name] = true
 	}
 	deleteTagged(ctx, e.c, func(in incus.Instance) bool { return old[in.Name] })
+	e.waitNamesReleased(ctx, old)
 	e.gen++
 	bs, err := e.mintBoxes(ctx)
 	e.boxes = bs
 	return err
 }
+
+// waitNamesReleased waits (up to namesReleaseWait) until dnsmasq's lease file holds none of
+// the deleted boxes' names: Incus releases a deleted box's lease on its own time, and a host
+// check right after the re-mint saw an old box's name still there (once in a full run).
+func (e *engine) waitNamesReleased(ctx context.Context, old map[string]bool) {
+	deadline := time.Now().Add(namesReleaseWait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		d, ok := boxcore.LocalKernel().FindDNSMasq(e.o.Stack.Network)
+		if !ok {
+			return
+		}
+		names, err := boxcore.LeaseNames(d.LeaseFile())
+		if err != nil {
+			return
+		}
+		held := false
+		for _, n := range names {
+			held = held || old[n]
+		}
+		if !held {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// namesReleaseWait bounds waitNamesReleased.
+const namesReleaseWait = 15 * time.Second
 
 // deleteTagged removes drill boxes (found by tag, so a half-minted one goes too) through
 // boxcore, in parallel, and returns the names removed.
