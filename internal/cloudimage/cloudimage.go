@@ -253,10 +253,7 @@ func Ensure(ctx context.Context, c *incus.Client, r Recipe, log io.Writer) (Resu
 	} else if !errors.Is(err, incus.ErrNotFound) {
 		return res, err
 	}
-	if err := os.MkdirAll(CacheDir(), 0o755); err != nil {
-		return res, fmt.Errorf("cloudimage: %w", err)
-	}
-	unlock, err := lockFile(ctx, filepath.Join(CacheDir(), hash+".lock"))
+	unlock, err := lockRecipe(ctx, hash)
 	if err != nil {
 		return res, err
 	}
@@ -349,4 +346,13 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// lockRecipe makes the cache directory and takes the lock of one recipe's build: one builder
+// per recipe on this host, the others wait and then find its result.
+func lockRecipe(ctx context.Context, hash string) (unlock func(), err error) {
+	if err := os.MkdirAll(CacheDir(), 0o755); err != nil {
+		return nil, fmt.Errorf("cloudimage: %w", err)
+	}
+	return lockFile(ctx, filepath.Join(CacheDir(), hash+".lock"))
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -71,10 +70,7 @@ func BuildAlias(ctx context.Context, c *incus.Client, r Recipe, o AliasOptions, 
 		return res, err
 	}
 
-	if err := os.MkdirAll(CacheDir(), 0o755); err != nil {
-		return res, fmt.Errorf("cloudimage: %w", err)
-	}
-	unlock, err := lockFile(ctx, filepath.Join(CacheDir(), hash+".lock"))
+	unlock, err := lockRecipe(ctx, hash)
 	if err != nil {
 		return res, err
 	}
