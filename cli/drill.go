@@ -32,7 +32,7 @@ func drillCommands() []Command {
 			&cli.StringSliceFlag{Name: "hole", Usage: "with --self-test: only this seeded hole (repeatable)"},
 			&cli.IntFlag{Name: "soak", Usage: "also soak: N re-applies, an incusd restart (instances keep running) and a host init drift repair under one flood (RESTARTS INCUSD; needs --yes)"},
 			&cli.BoolFlag{Name: "yes", Usage: "confirm --self-test or --soak"},
-			&cli.DurationFlag{Name: "timeout", Value: 1500 * time.Millisecond, Usage: "the probes' shared timeout window"},
+			&cli.DurationFlag{Name: "timeout", Value: time.Second, Usage: "the probes' shared timeout window"},
 		},
 		Action: runDrill,
 	}}

@@ -43,7 +43,7 @@ type Options struct {
 	Version string
 	// Progress gets one line per phase (nil: silent).
 	Progress io.Writer
-	// Timeout is the shared window of every probe (default 1.5 s).
+	// Timeout is the shared window of every probe (default 1 s).
 	Timeout time.Duration
 	// SelfTest runs the seeded holes after the matrix (mutates the host stack, restores it).
 	SelfTest bool
@@ -65,6 +65,8 @@ type engine struct {
 	binary    []byte
 	boxes     []*Box
 	gen       int
+	resBox    *Box // the resource rows' own box (nil when none is up)
+	resGen    int  // resource boxes minted so far
 	decoy     *Decoy
 	hostL     *probes.Listeners
 	hostTCP   int
@@ -168,7 +170,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		o.Boxes = 2
 	}
 	if o.Timeout == 0 {
-		o.Timeout = 1500 * time.Millisecond
+		o.Timeout = time.Second
 	}
 	e := &engine{o: o, c: o.Client, run: NewRunID(), start: time.Now(), host: boxcore.NewHost(o.Client, o.Stack)}
 	rep = e.newReport()
@@ -250,14 +252,36 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 	rep.Decoy = e.decoy
 	rep.Forwarder = e.forwarder
 	e.pause("decoy-up")
-	if err := e.phase(fmt.Sprintf("minting %d %s boxes on %s", e.o.Boxes, e.instanceType(), e.o.Stack.Profile), func() error {
+	extra := ""
+	if e.wantsResBox() {
+		extra = " (and one for the resource rows)"
+	}
+	if err := e.phase(fmt.Sprintf("minting %d %s boxes%s on %s", e.o.Boxes, e.instanceType(), extra, e.o.Stack.Profile), func() error {
 		var err error
-		e.boxes, err = e.mintBoxes(ctx)
+		names := make([]string, e.o.Boxes)
+		for i := range names {
+			names[i] = BoxName(e.run, e.gen, i)
+		}
+		if e.wantsResBox() {
+			e.resGen++
+			names = append(names, ResBoxName(e.run, e.resGen))
+		}
+		bs, err := e.mint(ctx, names)
+		for _, b := range bs {
+			if e.wantsResBox() && b.Name == ResBoxName(e.run, e.resGen) {
+				e.resBox = b
+			} else {
+				e.boxes = append(e.boxes, b)
+			}
+		}
 		return err
 	}); err != nil {
 		return err
 	}
-	rep.BoxList = e.boxes
+	rep.BoxList = slices.Clone(e.boxes)
+	if e.resBox != nil {
+		rep.BoxList = append(rep.BoxList, e.resBox)
+	}
 	var m *Matrix
 	if err := e.phase("probing", func() error {
 		e.pause("probing")
@@ -285,11 +309,18 @@ func (e *engine) topology() *Topology {
 	t.Round, t.Bridge = e.rounds, e.o.Stack.Network
 	// The resource rows: container boxes (a VM's limits are its own kernel's), in the plain
 	// matrix and in the seeded holes that switch a resource layer off.
-	t.Resources = !e.o.VM && (e.hole == nil || slices.ContainsFunc(e.hole.Off, isResourceLayer))
+	t.Resources = e.plansResources()
+	t.ResBox = e.resBox
 	if e.rounds <= 1 {
 		t.Soak = e.o.Soak // the first matrix only: the seeded holes do not soak
 	}
 	return t
+}
+
+// plansResources: the resource rows run in the plain matrix and in the seeded holes that
+// switch a resource layer off (the other holes' layers cannot touch them).
+func (e *engine) plansResources() bool {
+	return e.wantsResBox() && (e.hole == nil || slices.ContainsFunc(e.hole.Off, isResourceLayer))
 }
 
 func (e *engine) instanceType() string {

@@ -3,6 +3,7 @@ package drill
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -58,6 +59,9 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 	for _, b := range e.boxes {
 		boxes[b.Name] = b
 	}
+	if rb := e.resBox; rb != nil {
+		boxes[rb.Name] = rb
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, from := range order {
@@ -105,6 +109,11 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 		return nil, err
 	}
 	e.rounds++
+	if e.plansResources() {
+		if err := e.mintResBox(ctx); err != nil {
+			return nil, err
+		}
+	}
 	cases, err := Plan(Claims, e.topology(), e.o.Timeout)
 	if err != nil {
 		return nil, err
@@ -135,12 +144,27 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 			e.execute(ctx, abuse)
 		}()
 	}
-	if err := e.window(ctx, phase[WindowReapply], startDHCP); err != nil {
+	// The resource rows run on their own box beside the network rows: nothing they do
+	// reaches the network (the CPU step waits for the window's floods to end, so the work
+	// units it times are not the floods'). A hole that restarts the box for its step
+	// (seccomp applies at start) would re-bind ports under the network rows: it runs last.
+	windowDone := make(chan struct{})
+	resDone := make(chan struct{})
+	resAlongside := !slices.Contains(e.holeOff, LayerBoxSubvolDeny)
+	if resAlongside {
+		go func() { defer close(resDone); e.resourcePhase(ctx, phase, windowDone) }()
+	}
+	err = e.window(ctx, phase[WindowReapply], startDHCP)
+	close(windowDone)
+	if err != nil {
 		<-dhcpDone
+		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
+	e.awaitDAD(ctx)
 	if err := e.undisturbed(ctx, batch); err != nil {
 		<-dhcpDone
+		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
 	var retry []*Row
@@ -162,7 +186,11 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	e.leasesIntact(ctx, phase[WindowLeases])
 	e.soak(ctx, phase[WindowSoak])
 	saved := e.restartPhase(ctx, phase[WindowRestart])
-	e.resourcePhase(ctx, phase)
+	if resAlongside {
+		<-resDone
+	} else {
+		e.resourcePhase(ctx, phase, windowDone)
+	}
 	hits := e.allHits(ctx)
 	for name, hs := range saved {
 		hits[name] = append(hs, hits[name]...)
@@ -177,8 +205,19 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 		m.BoxHits[b.Name] = hits[b.Name]
 	}
 	e.annotate(m)
+	if e.o.SelfTest {
+		e.dropResBox(ctx)
+	}
 	m.Elapsed = time.Since(t)
 	return m, nil
+}
+
+// awaitResources waits for a resource phase that runs alongside (a matrix cut short must not
+// leave it tightening limits on its own).
+func (e *engine) awaitResources(alongside bool, done <-chan struct{}) {
+	if alongside {
+		<-done
+	}
 }
 
 // undisturbed runs a batch under a watch of nftables: a batch during which another process

@@ -89,6 +89,9 @@ type Topology struct {
 	// Resources: plan the resource rows (container boxes; the plain matrix and the resource
 	// holes).
 	Resources bool
+	// ResBox is the box the resource stresses run on: its own, never a network row's end,
+	// so the stresses run beside the network rows. Nil: no resource rows.
+	ResBox *Box
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.

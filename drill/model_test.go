@@ -23,6 +23,7 @@ func testTopology() *Topology {
 	return &Topology{
 		Soak: 20, Resources: true,
 		Boxes:   []*Box{box("a", "10.87.0.10", "fe80::a"), box("b", "10.87.0.11", "fe80::b"), box("c", "10.87.0.12", "")},
+		ResBox:  box("r", "10.87.0.20", ""),
 		Gateway: netip.MustParsePrefix("10.87.0.1/24"), Domain: "incus",
 		HostAddrs: []netip.Addr{netip.MustParseAddr("10.87.0.1"), netip.MustParseAddr("192.0.2.5")},
 		HostNames: []string{"host1", "localhost"}, HostTCP: 4001, HostUDP: 4002,
@@ -79,7 +80,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
 		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
-		"res/limits": 3, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
+		"res/limits": 4, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}

@@ -84,27 +84,27 @@ const (
 )
 
 var (
-	// FromStressBox is the first box, when the run has a sibling to watch it.
-	FromStressBox = Selector{"the first box (resource stress)", func(t *Topology, _ Endpoint) []Endpoint {
-		if !t.Resources || len(t.Boxes) < 2 {
+	// FromStressBox is the resource box, when the run has a sibling to watch it.
+	FromStressBox = Selector{"the resource box (stresses)", func(t *Topology, _ Endpoint) []Endpoint {
+		if !resourcesPlanned(t) {
 			return nil
 		}
-		return boxEnds(t.Boxes[:1], nil)
+		return boxEnds([]*Box{t.ResBox}, nil)
 	}}
 	FromResBoxes = Selector{"every box (resources)", func(t *Topology, _ Endpoint) []Endpoint {
-		if !t.Resources || len(t.Boxes) < 2 {
+		if !resourcesPlanned(t) {
 			return nil
 		}
-		return boxEnds(t.Boxes, nil)
+		return boxEnds(append(slices.Clone(t.Boxes), t.ResBox), nil)
 	}}
 	FromResSibling = Selector{"the second box (resources)", func(t *Topology, _ Endpoint) []Endpoint {
-		if !t.Resources || len(t.Boxes) < 2 {
+		if !resourcesPlanned(t) {
 			return nil
 		}
 		return boxEnds(t.Boxes[1:2], nil)
 	}}
 	FromResHost = Selector{"the host (resources)", func(t *Topology, _ Endpoint) []Endpoint {
-		if !t.Resources || len(t.Boxes) < 2 {
+		if !resourcesPlanned(t) {
 			return nil
 		}
 		return []Endpoint{hostEnd}
@@ -116,6 +116,9 @@ var (
 
 // LayerGuestAPIOff: the profile's security.guestapi=false (boxcore).
 const LayerGuestAPIOff = boxcore.LayerGuestAPIOff
+
+// resourcesPlanned: the topology asks for the resource rows, has their box, and a sibling.
+func resourcesPlanned(t *Topology) bool { return t.Resources && t.ResBox != nil && len(t.Boxes) >= 2 }
 
 func resSpec(kind string, r probes.ResourceSpec, timeout time.Duration) func(_, _ Endpoint, _ *Topology) probes.Spec {
 	return func(_, _ Endpoint, _ *Topology) probes.Spec {
@@ -145,11 +148,11 @@ var resourceClaims = []ClaimRow{
 
 	// Processes: a fork bomb stops at the box's limit; the sibling and the host still start processes.
 	{Key: "ctl/res-spawn", Claim: ClaimControl, Kind: "spawn", ID: "ctl/{from}/spawn-during-bomb", From: FromResSibling, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindSpawn, probes.ResourceSpec{Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResPids},
+		Probe: resSpec(probes.KindSpawn, probes.ResourceSpec{Delay: 300 * time.Millisecond}, 5*time.Second), Window: WindowResPids},
 	{Key: "ctl/res-host-spawn", Claim: ClaimControl, Kind: "spawn", ID: "ctl/{from}/spawn-during-bomb", From: FromResHost, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindSpawn, probes.ResourceSpec{Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResPids},
+		Probe: resSpec(probes.KindSpawn, probes.ResourceSpec{Delay: 300 * time.Millisecond}, 5*time.Second), Window: WindowResPids},
 	{Key: "res/fork-bomb", Claim: ClaimResources, Kind: "fork-bomb", ID: "res/{from}/fork-bomb", From: FromStressBox, To: ToResSibling, Expect: Held,
-		Probe:    resSpec(probes.KindForkBomb, probes.ResourceSpec{Bound: stressBound * pidsHeadroom, Hold: 1500 * time.Millisecond}, 15*time.Second),
+		Probe:    resSpec(probes.KindForkBomb, probes.ResourceSpec{Bound: stressBound * pidsHeadroom, Hold: 800 * time.Millisecond}, 15*time.Second),
 		Controls: []Control{resLimits, {"ctl/res-spawn", EndTarget, EndTarget}, {"ctl/res-host-spawn", EndHost, EndHost}},
 		Holds:    any1(LayerBoxPids), Window: WindowResPids},
 
@@ -180,7 +183,7 @@ var resourceClaims = []ClaimRow{
 	{Key: "res/host-latency-before", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-before-burn", From: FromResHost, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/cpu-burn", Claim: ClaimResources, Kind: "cpu-burn", ID: "res/{from}/cpu-burn", From: FromStressBox, To: ToResSibling, Expect: Held,
-		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 2 * time.Second, Delay: 400 * time.Millisecond}, 10*time.Second),
+		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 1200 * time.Millisecond, Delay: 300 * time.Millisecond}, 10*time.Second),
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxCPU), Window: WindowResCPU},
 	// A btrfs subvolume made inside the box would have a qgroup of its own, outside the box's
 	// quota (found by the attacker: 300 MiB past a 64 MiB quota). The deny holds it; the
@@ -189,9 +192,9 @@ var resourceClaims = []ClaimRow{
 		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindSubvolume} },
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxSubvolDeny), Window: WindowResSubvol},
 	{Key: "res/latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResSibling, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: time.Second, Delay: 900 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 600 * time.Millisecond, Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/host-latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResHost, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: time.Second, Delay: 900 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 600 * time.Millisecond, Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 }
 
 // resourceStep is one stress: what the lab tightens on the stress box, and how its rows are
@@ -228,10 +231,10 @@ var resourceSteps = []resourceStep{
 	}},
 }
 
-// resourcePhase reads every box's limits, then runs each step on the first box: tighten
+// resourcePhase reads every box's limits, then runs each step on the resource box: tighten
 // (unless the seeded hole has that layer off), read the limit back finite from the kernel,
 // run the step's rows, put the box's own limit back.
-func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row) {
+func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, windowDone <-chan struct{}) {
 	for _, r := range phase[WindowResLimits] {
 		read, missing := e.readLimits(ctx, r.From)
 		if missing != "" {
@@ -245,6 +248,12 @@ func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row) {
 		rows := phase[step.window]
 		if len(rows) == 0 {
 			continue
+		}
+		if step.window == WindowResCPU {
+			select {
+			case <-windowDone:
+			case <-ctx.Done():
+			}
 		}
 		e.resourceStep(ctx, step, rows)
 	}
@@ -314,11 +323,7 @@ func (e *engine) restartBox(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	for i, b := range e.boxes {
-		if b.Name == name {
-			e.boxes[i] = nb
-		}
-	}
+	e.replaceBox(nb)
 	return e.host.BindPorts(ctx)
 }
 
@@ -526,6 +531,19 @@ func (e *engine) readLimits(ctx context.Context, box string) (read, missing stri
 	return strings.Join(have, ", "), strings.Join(lack, "; ")
 }
 
+// replaceBox puts a restarted box's new reading where the old one was.
+func (e *engine) replaceBox(nb *Box) {
+	if e.resBox != nil && e.resBox.Name == nb.Name {
+		e.resBox = nb
+		return
+	}
+	for i, b := range e.boxes {
+		if b.Name == nb.Name {
+			e.boxes[i] = nb
+		}
+	}
+}
+
 // reviveIfDown starts the stress box again if a stress ended it (the OOM killer's pick):
 // the steps after it need it running.
 func (e *engine) reviveIfDown(ctx context.Context, box string) {
@@ -543,11 +561,7 @@ func (e *engine) reviveIfDown(ctx context.Context, box string) {
 		e.progress("  %s: %v", box, err)
 		return
 	}
-	for i, b := range e.boxes {
-		if b.Name == box {
-			e.boxes[i] = nb
-		}
-	}
+	e.replaceBox(nb)
 	if err := e.host.BindPorts(ctx); err != nil {
 		e.progress("  binding %s's port: %v", box, err)
 	}

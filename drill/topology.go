@@ -40,6 +40,7 @@ type Box struct {
 	Veth     string     `json:"host_veth"`
 	MAC      string     `json:"mac"`
 	agent    string
+	pid      int64 // the box's init, as Incus reported it when the box got ready
 }
 
 // BoxName is the name of the i-th box of a run's gen-th set: cbdrill-<run>-a, -b, ...;
@@ -51,21 +52,71 @@ func BoxName(run string, gen, i int) string {
 	return fmt.Sprintf("%s%s-%d%c", NetnsPrefix, run, gen+1, 'a'+i)
 }
 
-// mintBoxes creates the boxes in parallel through boxcore (profile exactly [stack profile],
-// user.claudebox=1, and the drill tag), then waits for each to be ready.
+// mintBoxes creates the run's network boxes (the gen-th set) through mint.
 func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
+	names := make([]string, e.o.Boxes)
+	for i := range names {
+		names[i] = BoxName(e.run, e.gen, i)
+	}
+	return e.mint(ctx, names)
+}
+
+// ResBoxName is the name of the run's n-th resource box: cbdrill-<run>-r, -r2, ...
+func ResBoxName(run string, n int) string {
+	if n <= 1 {
+		return fmt.Sprintf("%s%s-r", NetnsPrefix, run)
+	}
+	return fmt.Sprintf("%s%s-r%d", NetnsPrefix, run, n)
+}
+
+// wantsResBox: the resource rows run in container mode with a sibling to watch them.
+func (e *engine) wantsResBox() bool { return !e.o.VM && e.o.Boxes >= 2 }
+
+// mintResBox mints the box the resource stresses run on, when there is none. It is the
+// resource rows' own: the network rows never probe it, so its stresses can run beside them.
+func (e *engine) mintResBox(ctx context.Context) error {
+	if e.resBox != nil {
+		return nil
+	}
+	e.resGen++
+	bs, err := e.mint(ctx, []string{ResBoxName(e.run, e.resGen)})
+	if len(bs) == 1 {
+		e.resBox = bs[0]
+	}
+	return err
+}
+
+// dropResBox deletes the resource box. A self-test does it after each matrix that ran the
+// resource rows: the holes after it must not see a box they do not measure (a name hole
+// would register its name).
+func (e *engine) dropResBox(ctx context.Context) {
+	if e.resBox == nil {
+		return
+	}
+	name := e.resBox.Name
+	e.resBox = nil
+	deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Name == name })
+	e.waitNamesReleased(ctx, map[string]bool{name: true})
+	// Its port's binding goes with it, as the box verbs do: a stale one is drift.
+	if err := e.host.BindPorts(ctx); err != nil {
+		e.progress("  unbinding %s's port: %v", name, err)
+	}
+}
+
+// mint creates boxes in parallel through boxcore (profile exactly [stack profile],
+// user.claudebox=1, and the drill tag), then waits for each to be ready.
+func (e *engine) mint(ctx context.Context, names []string) ([]*Box, error) {
 	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack, Version: e.o.Version, HostLocked: true}
-	boxes := make([]*Box, e.o.Boxes)
-	errs := make([]error, e.o.Boxes)
+	boxes := make([]*Box, len(names))
+	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	var created atomic.Int32
 	sem := make(chan struct{}, 4)
-	for i := range boxes {
+	for i, name := range names {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
-			name := BoxName(e.run, e.gen, i)
 			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image,
 				Config: map[string]string{DrillTag: e.run}})
 			<-sem
@@ -159,7 +210,9 @@ func (e *engine) waitReady(ctx context.Context, name string) (*Box, error) {
 }
 
 // readNIC fills the box's IPv6 link-local address and host-side veth from Incus's state.
-// The link-local address may still be tentative right after boot: wait a little for it.
+// The link-local address may still be tentative right after boot (duplicate address
+// detection takes about a second): awaitDAD waits for it before the rows that use it, so
+// minting does not.
 func (e *engine) readNIC(ctx context.Context, b *Box) error {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
@@ -177,7 +230,8 @@ func (e *engine) readNIC(ctx context.Context, b *Box) error {
 				}
 			}
 		}
-		if (b.LL.IsValid() && b.Veth != "" && !tentative(st.Pid, b.LL)) || time.Now().After(deadline) {
+		if (b.LL.IsValid() && b.Veth != "") || time.Now().After(deadline) {
+			b.pid = st.Pid
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -204,6 +258,23 @@ func tentative(pid int64, ll netip.Addr) bool {
 		}
 	}
 	return true
+}
+
+// awaitDAD waits (up to 3 s in all) until no network box's link-local address is still
+// tentative: probing link-local before duplicate address detection ends can only
+// check-fail. By the time the rows that use it run (after the re-apply window) it has
+// usually ended.
+func (e *engine) awaitDAD(ctx context.Context) {
+	deadline := time.Now().Add(3 * time.Second)
+	for _, b := range e.boxes {
+		for b.LL.IsValid() && tentative(b.pid, b.LL) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
 }
 
 // VMAgentCommands are what VM mode runs in the guest (through the Incus agent) after the
