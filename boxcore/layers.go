@@ -26,6 +26,7 @@ const (
 	LayerDHCPKnown    Layer = "dhcp-known-only"   // dnsmasq answers DHCP only for MACs with a dhcp-host entry
 	LayerACL          Layer = "acl"               // the Incus network ACL, as its rules are in the kernel
 	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input, output, inbound: box→host, nothing new into a box
+	LayerLocalAnswers Layer = "local-answers"     // inet claudebox_<B>_guard answers, dns_tcp: none of dnsmasq's own data reaches a box
 	LayerWall         Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
 	LayerNICFiltering Layer = "nic-filtering"     // security.mac/ipv4/ipv6_filtering on the box NIC
 	LayerIPv6Off      Layer = "ipv6.address=none" // no IPv6 on the bridge
@@ -46,7 +47,7 @@ func dnsmasqLine(l Layer) string {
 
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
 var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerFDBPin, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
+	LayerNoHosts, LayerNoIdent, LayerLocalAnswers, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
 type LayerState struct {
@@ -111,6 +112,7 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 		"security.acls=%q default ingress=%s egress=%s; kernel: %s", cfg["security.acls"],
 		cfg["security.acls.default.ingress.action"], cfg["security.acls.default.egress.action"], driftSummary(aclDrift))
 	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chains input, output, inbound %s", gt, presence(st.Tables.GuardInput))
+	add(LayerLocalAnswers, st.Tables.LocalAnswersOn, "table inet %s chains answers, dns_tcp: %s", gt, presence(st.Tables.LocalAnswersOn))
 	add(LayerWall, st.Tables.WallOn, "table inet %s: %s", st.Tables.Wall, presence(st.Tables.WallOn))
 	add(LayerNICFiltering, len(notFilt) == 0, "filtered: [%s] not filtered: [%s]", strings.Join(filt, " "), strings.Join(notFilt, " "))
 	var api []string

@@ -75,6 +75,7 @@ type TablesState struct {
 	WallOn              bool   // wall table present with chains
 	PortsOn             bool   // bridge table has its prerouting chain (port binding)
 	L2RangesOn          bool   // bridge table has its input and output chains (L2 ranges)
+	LocalAnswersOn      bool   // guard table has its answers and dns_tcp chains (local answers)
 }
 
 // PortState is one bridge port: its isolation flag, whether Incus's per-NIC anti-spoofing
@@ -178,6 +179,7 @@ func (h *Host) readFirewall(st *StackState) error {
 	st.Tables.WallOn = obs.PartPresent(firewall.PartWall)
 	st.Tables.PortsOn = obs.PartPresent(firewall.PartPorts)
 	st.Tables.L2RangesOn = obs.PartPresent(firewall.PartL2Ranges)
+	st.Tables.LocalAnswersOn = obs.PartPresent(firewall.PartLocalAnswers)
 	st.KernelBound = obs.Bound()
 	st.NoLLLearn, _ = firewall.NoLinkLocalLearn(s.Network)
 	if st.Gateway != nil {

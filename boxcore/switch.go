@@ -79,6 +79,9 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 	case LayerL2Ranges:
 		sw.nftChanged = true
 		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartL2Ranges)
+	case LayerLocalAnswers:
+		sw.nftChanged = true
+		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartLocalAnswers)
 	case LayerHostGuard:
 		sw.nftChanged = true
 		return firewall.RemovePart(sw.h.FirewallSpec(sw.st), firewall.PartGuard)

@@ -20,6 +20,7 @@ const (
 	LayerIgnoreNames   = boxcore.LayerIgnoreNames
 	LayerNoHosts       = boxcore.LayerNoHosts
 	LayerNoIdent       = boxcore.LayerNoIdent
+	LayerLocalAnswers  = boxcore.LayerLocalAnswers
 	LayerACL           = boxcore.LayerACL
 	LayerHostGuard     = boxcore.LayerHostGuard
 	LayerWall          = boxcore.LayerWall

@@ -316,11 +316,13 @@ func (d *Decoy) serveInNS() error {
 }
 
 // answer is the decoy resolver: the public test name has the public decoy address;
-// everything else (the names the drill asks dnsmasq about) is NXDOMAIN, authoritatively.
+// everything else (the names the drill asks dnsmasq about) is NXDOMAIN. It answers the way
+// the recursive resolver behind a real gateway does: not authoritative (dnsmasq passes the
+// flag on, and the local-answers part drops authoritative answers to boxes).
 func (d *Decoy) answer(w dns.ResponseWriter, req *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(req)
-	m.Authoritative = true
+	m.RecursionAvailable = true
 	found := false
 	for _, q := range req.Question {
 		d.mu.Lock()

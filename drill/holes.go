@@ -41,12 +41,15 @@ var Holes = append(singleHoles(),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
 	hole("wall + port rp_filter + L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
+	hole("dns.mode=managed + dhcp-ignore-names + local answers removed", LayerDNSModeNone, LayerIgnoreNames, LayerLocalAnswers),
+	hole("no-hosts and local answers removed", LayerNoHosts, LayerLocalAnswers),
+	hole("no-ident and local answers removed", LayerNoIdent, LayerLocalAnswers),
 )
 
 var holeNames = map[Layer]string{
 	LayerNFTBridge: "nft bridge drop removed", LayerBRNF: "br_netfilter off", LayerPortIso: "port isolation off",
 	LayerDNSModeNone: "dns.mode=managed", LayerIgnoreNames: "dhcp-ignore-names removed", LayerNoHosts: "no-hosts removed",
-	LayerNoIdent: "no-ident removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
+	LayerNoIdent: "no-ident removed", LayerLocalAnswers: "local answers removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",

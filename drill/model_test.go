@@ -73,7 +73,8 @@ func TestEveryRowPlans(t *testing.T) {
 		"internet/tcp": 3, "internet/dns": 3,
 		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
 		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,
-		"host-names/dns": 6, "box-host/gateway-tcp": 3, "box-host/gateway-udp": 3, "box-host/addr-tcp": 3, "box-host/addr-udp": 3,
+		"host-names/dns": 6, "host-names/dns-tcp": 6, "box-box-name/dns-instance-tcp": 6, "resolver/servers.bind/tcp": 3,
+		"box-host/gateway-tcp": 3, "box-host/gateway-udp": 3, "box-host/addr-tcp": 3, "box-host/addr-udp": 3,
 		"lan/tcp": 3, "lan/udp": 3, "lan/icmp": 3, "cgnat/tcp": 9, "cgnat/udp": 6, "cgnat/icmp": 6,
 		"ipv6/facts": 3, "host-box/tcp": 3, "host-box/udp": 3,
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
@@ -244,16 +245,17 @@ func TestJudge(t *testing.T) {
 	neg, negBadCtl := row("n", Dropped, Dropped, "c"), row("n2", Dropped, Dropped, "bc")
 	hole, refused := row("h", Dropped, Open, "bc"), row("r", Dropped, Refused, "c")
 	silent, dnsDropped := row("d", NoAnswer, Silence, "c"), row("dd", NoAnswer, Dropped, "c")
+	silentBadCtl := row("dbc", NoAnswer, Silence, "bc")
 	answered := row("a", NoAnswer, Answer, "c")
 	cf, ghost := row("x", Dropped, CheckFailed, "c"), row("g", Dropped, Dropped, "nosuch")
 	v6, v6ok := row("6", None, HasIPv6, "c"), row("6ok", None, None, "c")
 	lease := row("l", Lease, NoLease)
-	rows := []*Row{ctl, badCtl, neg, negBadCtl, hole, refused, silent, dnsDropped, answered, cf, ghost, v6, v6ok, lease}
+	rows := []*Row{ctl, badCtl, neg, negBadCtl, hole, refused, silent, silentBadCtl, dnsDropped, answered, cf, ghost, v6, v6ok, lease}
 	Judge(rows)
 	for _, c := range []struct {
 		r    *Row
 		want Verdict
-	}{{ctl, Pass}, {badCtl, Fail}, {neg, Pass}, {negBadCtl, NoCheck}, {hole, Fail}, {refused, Fail}, {silent, NoCheck},
+	}{{ctl, Pass}, {badCtl, Fail}, {neg, Pass}, {negBadCtl, NoCheck}, {hole, Fail}, {refused, Fail}, {silent, Pass}, {silentBadCtl, NoCheck},
 		{dnsDropped, NoCheck}, {answered, Fail}, {cf, NoCheck}, {ghost, NoCheck}, {v6, Fail}, {v6ok, Pass}, {lease, Fail}} {
 		if c.r.Verdict != c.want {
 			t.Errorf("%s: verdict %s, want %s (%s)", c.r.ID, c.r.Verdict, c.want, c.r.Why)
@@ -321,11 +323,6 @@ func TestComplete(t *testing.T) {
 // The rows one layer alone holds: every other row names at least two layers, so switching
 // any single layer off leaves it green. docs/drill.md says why each of these cannot be doubled.
 var singleLayerRows = map[string]Layer{
-	"box-box-name/dns-instance": "", "box-box-name/dns-hostname": "", "box-box-name/dns-ptr": "", // both needed (conjunctive)
-	"box-box-name/dns-hostname-fqdn": LayerDNSModeNone,
-	"host-names/dns":                 LayerNoHosts,
-	"resolver/servers.bind":          LayerNoIdent,
-	"resolver/version.bind":          LayerNoIdent,
 	// A box's limits are one kernel mechanism each (docs/drill.md: no second layer).
 	"res/fork-bomb": LayerBoxPids, "res/mem-hog": LayerBoxMemory, "res/disk-fill": LayerBoxDisk, "res/cpu-burn": LayerBoxCPU,
 	"res/subvolume": LayerBoxSubvolDeny,
@@ -393,9 +390,13 @@ func TestHoleAttribution(t *testing.T) {
 	if hr := judge(acl, func(r *Row) bool { return exact(r) || r.Claim == ClaimBoxBox }); hr.OK || len(hr.Unexpected) == 0 {
 		t.Error("a red row the layers do not hold alone must make the hole not as attributed")
 	}
-	noHosts := []Layer{LayerNoHosts}
-	if hr := judge(noHosts, func(r *Row) bool { return r.Row == "host-names/dns" }); !hr.OK {
-		t.Errorf("no-hosts alone opens exactly its single-layer row: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
+	noHosts := []Layer{LayerNoHosts, LayerLocalAnswers}
+	hostNames := func(r *Row) bool { return r.Row == "host-names/dns" || r.Row == "host-names/dns-tcp" }
+	if hr := judge(noHosts, hostNames); !hr.OK {
+		t.Errorf("no-hosts and local answers off open exactly the host-name rows: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
+	}
+	if hr := judge(noHosts[:1], hostNames); hr.OK {
+		t.Error("no-hosts alone must not open the host-name rows (the local-answers part holds them too)")
 	}
 	if hr := judge([]Layer{LayerWall}, func(r *Row) bool { return r.Row == "window/conntrack-in" }); hr.OK {
 		t.Error("the wall alone must not open window/conntrack-in (the guard holds it too)")

@@ -124,6 +124,9 @@ func (r *Row) ProbeLabel() string {
 	case "tcp", "udp", "tcp6ll":
 		return fmt.Sprintf("%s/%d", p.Kind, p.Port)
 	case "dns":
+		if p.DNS.TCP {
+			return "dns/tcp " + p.DNS.Type + " " + p.DNS.Name
+		}
 		return "dns " + p.DNS.Type + " " + p.DNS.Name
 	}
 	return p.Kind

@@ -110,7 +110,9 @@ var (
 	hostListener     = func(p string) Control { return Control{"ctl/host-" + p, EndHost, EndTarget} }
 	decoyFromHost    = func(p string) Control { return Control{"ctl/decoy-" + p, EndHost, EndTarget} }
 	boxBoxLayers     = Holds{{LayerPortIso}, {LayerNFTBridge}, {LayerBRNF}}
-	bothNameLayers   = Holds{{LayerDNSModeNone, LayerIgnoreNames}}
+	// A sibling's name: dnsmasq must know it through neither Incus (dns.mode) nor the box's
+	// own DHCP hostname, or its answer (authoritative: its own data) must not reach the box.
+	bothNameLayers = Holds{{LayerDNSModeNone, LayerIgnoreNames}, {LayerLocalAnswers}}
 	// A frame from a sibling's MAC fails two ways: it moves the sibling's FDB entry (the port
 	// binding drops it before learning; the fdb pin never lets the entry move) or the sibling
 	// hears it (the port binding; else port isolation or NIC filtering keep it from the
@@ -180,14 +182,23 @@ var Claims = append([]ClaimRow{
 	// .<domain>, PTR); without dhcp-ignore-names dnsmasq registers the DHCP hostname
 	// (unqualified and PTR; the qualified form needs the domain only dns.mode gives). The
 	// scratch agent sends the instance name as its DHCP hostname, so the unqualified rows
-	// need both layers.
-	nameRow("dns-instance", func(to Endpoint, _ *Topology) string { return to.Box.Name }, "A", bothNameLayers),
-	nameRow("dns-hostname", func(to Endpoint, _ *Topology) string { return to.Box.Hostname }, "A", bothNameLayers),
-	nameRow("dns-hostname-fqdn", func(to Endpoint, t *Topology) string { return to.Box.Hostname + "." + t.Domain }, "A", any1(LayerDNSModeNone)),
-	nameRow("dns-ptr", func(to Endpoint, _ *Topology) string { return to.Box.IPv4.String() }, "PTR", bothNameLayers),
+	// need both options. dnsmasq marks every answer from its own data authoritative, and
+	// the local-answers part drops those on their way to a box: the second layer of every
+	// name row (silence, then, is the verdict: the resolver's control answers meanwhile).
+	// Over TCP the part refuses the connection (a stream cannot be read for headers).
+	nameRow("dns-instance", func(to Endpoint, _ *Topology) string { return to.Box.Name }, "A", false, bothNameLayers),
+	nameRow("dns-instance-tcp", func(to Endpoint, _ *Topology) string { return to.Box.Name }, "A", true, bothNameLayers),
+	nameRow("dns-hostname", func(to Endpoint, _ *Topology) string { return to.Box.Hostname }, "A", false, bothNameLayers),
+	nameRow("dns-hostname-fqdn", func(to Endpoint, t *Topology) string { return to.Box.Hostname + "." + t.Domain }, "A", false, any1(LayerDNSModeNone, LayerLocalAnswers)),
+	nameRow("dns-ptr", func(to Endpoint, _ *Topology) string { return to.Box.IPv4.String() }, "PTR", false, bothNameLayers),
 	{Key: "host-names/dns", Claim: ClaimHostNames, Kind: "dns", ID: "host-names/{from}/{to}", From: FromBoxes, To: ToHostNames, Expect: NoAnswer,
 		Probe:    askGateway(func(to Endpoint, _ *Topology) string { return to.Name }, "A"),
-		Controls: []Control{inetDNS}, Holds: any1(LayerNoHosts)},
+		Controls: []Control{inetDNS}, Holds: any1(LayerNoHosts, LayerLocalAnswers)},
+	{Key: "host-names/dns-tcp", Claim: ClaimHostNames, Kind: "dns-tcp", ID: "host-names/{from}/{to}/tcp", From: FromBoxes, To: ToHostNames, Expect: NoAnswer,
+		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
+			return dnsOver(dnsq(t.Gateway.Addr(), to.Name, "A"), true)
+		},
+		Controls: []Control{inetDNS}, Holds: any1(LayerNoHosts, LayerLocalAnswers)},
 
 	// Box→host: the gateway (guard and ACL) and the host's other addresses (guard).
 	{Key: "box-host/gateway-tcp", Claim: ClaimBoxHost, Kind: "gateway", ID: "box-host/{from}>{to}/tcp", From: FromBoxes, To: ToGatewayAddr, Probe: toHostTCP,
@@ -383,7 +394,7 @@ var Claims = append([]ClaimRow{
 
 	// The resolver says nothing about itself (its upstreams and their query counters, which
 	// would let one box watch another's DNS activity, or its version).
-	chaosRow("servers.bind"), chaosRow("version.bind"),
+	chaosRow("servers.bind", false), chaosRow("version.bind", false), chaosRow("servers.bind", true),
 
 	// Host→box: the ACL's default ingress drop, the wall's and the guard's "no new flow into a box".
 	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,
@@ -392,9 +403,17 @@ var Claims = append([]ClaimRow{
 		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 }, resourceClaims...)
 
-func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, h Holds) ClaimRow {
+func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, tcp bool, h Holds) ClaimRow {
+	ask := askGateway(name, typ)
 	return ClaimRow{Key: "box-box-name/" + kind, Claim: ClaimBoxBoxName, Kind: kind, ID: "box-box-name/{from}>{to}/" + kind,
-		From: FromBoxes, To: ToOtherBoxes, Probe: askGateway(name, typ), Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: h}
+		From: FromBoxes, To: ToOtherBoxes, Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: h,
+		Probe: func(from, to Endpoint, t *Topology) probes.Spec { return dnsOver(ask(from, to, t), tcp) }}
+}
+
+// dnsOver sets a DNS probe's transport (TCP when tcp).
+func dnsOver(s probes.Spec, tcp bool) probes.Spec {
+	s.DNS.TCP = tcp
+	return s
 }
 
 // decoyRow is box→decoy for one protocol; its control is the host reaching the same decoy
@@ -444,11 +463,15 @@ func frameRow(variant string) ClaimRow {
 		}}
 }
 
-func chaosRow(name string) ClaimRow {
-	return ClaimRow{Key: "resolver/" + name, Claim: ClaimResolver, Kind: "dns-chaos", ID: "resolver/{from}/" + name, From: FromBoxes, To: ToGateway,
-		Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: any1(LayerNoIdent),
+func chaosRow(name string, tcp bool) ClaimRow {
+	key, kind := name, "dns-chaos"
+	if tcp {
+		key, kind = name+"/tcp", "dns-chaos-tcp"
+	}
+	return ClaimRow{Key: "resolver/" + key, Claim: ClaimResolver, Kind: kind, ID: "resolver/{from}/" + key, From: FromBoxes, To: ToGateway,
+		Expect: NoAnswer, Controls: []Control{inetDNS}, Holds: any1(LayerNoIdent, LayerLocalAnswers),
 		Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
-			return probes.Spec{Kind: probes.KindDNS, DNS: &probes.DNSQuery{Server: to.Addr.String(), Name: name, Type: "TXT", Class: "CH"}}
+			return probes.Spec{Kind: probes.KindDNS, DNS: &probes.DNSQuery{Server: to.Addr.String(), Name: name, Type: "TXT", Class: "CH", TCP: tcp}}
 		}}
 }
 

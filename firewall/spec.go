@@ -11,6 +11,8 @@
 //	                                  chain input:   hook input,   priority -1 ("filter - 1")
 //	                                  chain output:  hook output,  priority -1
 //	                                  chain inbound: hook forward, priority -1
+//	                                  chain answers: hook output,  priority -1 (answers.go)
+//	                                  chain dns_tcp: hook input,   priority -1 (answers.go)
 //	                                  all policy accept
 //	table inet   claudebox_<B>_wall   the wall: claudebox's own complete inet
 //	                                  layer (see wall.go), holding every claim
@@ -271,7 +273,7 @@ func DesiredChains(s Spec) []Chain {
 		Chain{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
 		Chain{Table: gt, Family: FamilyInet, Name: OutputChain, Type: "filter", Hook: "output", Priority: GuardOutPrio, Policy: "accept"},
 		Chain{Table: gt, Family: FamilyInet, Name: InboundChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
-	), wallChains(s)...)
+	), append(localAnswersChains(s), wallChains(s)...)...)
 }
 
 // Desired returns the rules, in chain order, that Apply installs for s.
@@ -336,6 +338,7 @@ func Desired(s Spec) []Rule {
 			l4proto(expr.CmpOpEq, ipprotoUDP), relayPorts(), drop),
 		guardInto(s.Bridge, InboundChain, "nothing routed opens a new flow into a box", ctStateNew(), drop),
 	)
+	rules = append(rules, localAnswersRules(s)...)
 	rules = append(rules, wallRules(s)...)
 	for i := range rules {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)

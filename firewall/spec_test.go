@@ -75,6 +75,8 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
 		`inet claudebox_claudenet_guard output: oifname "claudenet" meta l4proto udp @th,0,32 0x00430043 drop`,
 		`inet claudebox_claudenet_guard inbound: oifname "claudenet" ct state new drop`,
+		`inet claudebox_claudenet_guard answers: oifname "claudenet" meta l4proto udp th sport 53 @th,80,8 & 0x84 == 0x84 @th,112,16 != 0x0000 drop`,
+		`inet claudebox_claudenet_guard dns_tcp: iifname "claudenet" meta l4proto tcp th dport 53 drop`,
 	}
 	gw := net.ParseIP("10.77.12.1")
 	up := []string{"eth0"}
@@ -136,6 +138,8 @@ func TestDesiredGolden(t *testing.T) {
 		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
 		"inet claudebox_claudenet_guard output: type filter hook output priority -1 policy accept",
 		"inet claudebox_claudenet_guard inbound: type filter hook forward priority -1 policy accept",
+		"inet claudebox_claudenet_guard answers: type filter hook output priority -1 policy accept",
+		"inet claudebox_claudenet_guard dns_tcp: type filter hook input priority -1 policy accept",
 		"inet claudebox_claudenet_wall prerouting: type filter hook prerouting priority -300 policy accept",
 		"inet claudebox_claudenet_wall forward: type filter hook forward priority -1 policy accept",
 		"inet claudebox_claudenet_wall output: type filter hook output priority -1 policy accept",

@@ -95,7 +95,8 @@ func TestTraffic(t *testing.T) {
 		"box1→box2 tcp", "box1→box2 udp", "box1→box2 icmp",
 		"box1→gw tcp 8080", "box1→gw udp 5353", "box1→gw icmp",
 		"box1→host alt tcp 8080", "box1→host alt udp 53",
-		"host→box2 tcp", // the wall: no new connection into a box
+		"host→box2 tcp",   // the wall: no new connection into a box
+		"box1→gw dns tcp", // the local-answers part: no DNS over TCP from a box
 	} {
 		after[k] = dropped
 	}

@@ -74,7 +74,9 @@ const (
 )
 
 // Parts lists every part, in table order.
-func Parts() []Part { return []Part{PartBridge, PartPorts, PartL2Ranges, PartGuard, PartWall} }
+func Parts() []Part {
+	return []Part{PartBridge, PartPorts, PartL2Ranges, PartGuard, PartLocalAnswers, PartWall}
+}
 
 // RemovePart switches one part off. A part that is already absent is not an
 // error. The bridge table's parts are its chains (forward; prerouting; input
@@ -93,6 +95,8 @@ func RemovePart(s Spec, p Part) error {
 		return removeChains(bt, FamilyBridge, InputChain, OutputChain)
 	case PartGuard:
 		return removeChains(gt, FamilyInet, InputChain, OutputChain, InboundChain)
+	case PartLocalAnswers:
+		return removeChains(gt, FamilyInet, AnswersChain, DNSTCPChain)
 	case PartWall:
 		cc, err := nftables.New()
 		if err != nil {
@@ -135,6 +139,8 @@ func (o Observed) PartPresent(p Part) bool {
 		case p == PartGuard && t.Name == gt && t.Family == FamilyInet:
 			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil &&
 				findChain(t.Chains, InboundChain) != nil
+		case p == PartLocalAnswers && t.Name == gt && t.Family == FamilyInet:
+			return t.Present && findChain(t.Chains, AnswersChain) != nil && findChain(t.Chains, DNSTCPChain) != nil
 		case p == PartWall && t.Name == WallTableName(o.Bridge) && t.Family == FamilyInet:
 			return t.Present && len(t.Chains) > 0
 		}

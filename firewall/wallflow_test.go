@@ -106,6 +106,7 @@ func TestRemovePart(t *testing.T) {
 	wantDrift := map[Part]string{
 		PartBridge: "chain bridge " + bt + " forward", PartPorts: "chain bridge " + bt + " prerouting",
 		PartL2Ranges: "chain bridge " + bt + " input", PartGuard: "chain inet " + gt + " input", PartWall: "table inet " + WallTableName(s.Bridge),
+		PartLocalAnswers: "chain inet " + gt + " answers",
 	}
 	for _, p := range Parts() {
 		if _, err := Apply(s); err != nil {
@@ -116,6 +117,9 @@ func TestRemovePart(t *testing.T) {
 		must(t, RemovePart(s, p)) // absent: not an error
 		d := check(t, s)
 		if p == PartL2Ranges && len(d) == 2 && d[1].What == "chain bridge "+bt+" output" {
+			d = d[:1]
+		}
+		if p == PartLocalAnswers && len(d) == 2 && d[1].What == "chain inet "+gt+" dns_tcp" {
 			d = d[:1]
 		}
 		if p == PartGuard && len(d) == 3 && d[1].What == "chain inet "+gt+" output" && d[2].What == "chain inet "+gt+" inbound" {
@@ -163,8 +167,12 @@ func TestRemovePart(t *testing.T) {
 
 // The wall keeps what a box needs from the gateway's dnsmasq, started the
 // way Incus starts it (flags copied from this host's Incus dnsmasq; leases,
-// pid and config in the test's temp dir): a DHCP lease, and DNS answers
-// over UDP and TCP — with the wall as the only layer, and with all three.
+// pid and config in the test's temp dir): a DHCP lease, and DNS answers that
+// dnsmasq forwards from its upstream (a recursive resolver: not authoritative),
+// with the wall as the only layer and with every part. DNS over TCP works with
+// the wall alone and is refused by the local-answers part; an answer from
+// dnsmasq's own data (--address) reaches the box with the wall alone (the
+// control) and never with every part.
 func TestWallKeepsDHCPAndDNS(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("dnsmasq"); err != nil {
@@ -172,19 +180,20 @@ func TestWallKeepsDHCPAndDNS(t *testing.T) {
 	}
 	l := newWallLab(t)
 	dir := t.TempDir()
+	upstream := serveUpstream(t, l.host, map[string]string{"decoy.test.": wlPublic})
 	cmd := exec.Command("nsenter", "--net="+nsPath(l.host), "dnsmasq",
 		"--keep-in-foreground", "--strict-order", "--bind-interfaces", "--except-interface=lo", "--pid-file=",
 		"--no-ping", "--interface="+l.bridge, "--dhcp-rapid-commit", "--no-negcache", "--listen-address="+wlGW,
 		"--dhcp-no-override", "--dhcp-authoritative", "--dhcp-leasefile="+filepath.Join(dir, "leases"),
 		"--dhcp-range", "10.77.12.2,10.77.12.254,1h", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-		"--address=/decoy.test/"+wlPublic, "-u", "root", "-g", "root")
+		"--server="+strings.Replace(upstream, ":", "#", 1), "--address=/local.test/"+wlPublic, "-u", "root", "-g", "root")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	must(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); t.Logf("dnsmasq:\n%s", out.String()) })
 	time.Sleep(300 * time.Millisecond)
 
-	for _, phase := range []string{"wall alone", "all three parts"} {
+	for _, phase := range []string{"wall alone", "every part"} {
 		if phase == "wall alone" {
 			l.applyWall(t)
 		} else if _, err := Apply(l.spec()); err != nil {
@@ -211,28 +220,57 @@ func TestWallKeepsDHCPAndDNS(t *testing.T) {
 		} else {
 			t.Logf("%s: DHCP lease %s in %v", phase, lease, time.Since(start).Round(time.Millisecond))
 		}
-		for _, network := range []string{"udp", "tcp"} {
-			// One exchange on a socket made on this thread, in the box's
-			// namespace (a net.Resolver dials from other goroutines).
-			var ans *dns.Msg
-			err := inNS(l.box, func() (err error) {
-				q := new(dns.Msg).SetQuestion("decoy.test.", dns.TypeA)
-				ans, _, err = (&dns.Client{Net: network, Timeout: time.Second}).Exchange(q, hostPort(wlGW, 53))
-				return err
-			})
-			var addrs []string
-			if ans != nil {
-				for _, rr := range ans.Answer {
-					if a, ok := rr.(*dns.A); ok {
-						addrs = append(addrs, a.A.String())
-					}
-				}
-			}
-			if err != nil || len(addrs) != 1 || addrs[0] != wlPublic {
-				t.Errorf("%s: DNS over %s: %v %v, want [%s]", phase, network, addrs, err, wlPublic)
+		for _, c := range []struct{ name, network string }{{"decoy.test.", "udp"}, {"decoy.test.", "tcp"}, {"local.test.", "udp"}} {
+			addrs, err := askIn(l.box, c.network, c.name, hostPort(wlGW, 53))
+			answered := err == nil && len(addrs) == 1 && addrs[0] == wlPublic
+			want := phase == "wall alone" || c.name == "decoy.test." && c.network == "udp"
+			if answered != want {
+				t.Errorf("%s: %s over %s: %v %v, want answered=%v", phase, c.name, c.network, addrs, err, want)
 			}
 		}
 	}
+}
+
+// askIn asks server for name's A records over network from inside ns: one exchange on a
+// socket made on that thread (a net.Resolver dials from other goroutines).
+func askIn(ns netns.NsHandle, network, name, server string) ([]string, error) {
+	var ans *dns.Msg
+	err := inNS(ns, func() (err error) {
+		q := new(dns.Msg).SetQuestion(name, dns.TypeA)
+		ans, _, err = (&dns.Client{Net: network, Timeout: time.Second}).Exchange(q, server)
+		return err
+	})
+	var addrs []string
+	if ans != nil {
+		for _, rr := range ans.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				addrs = append(addrs, a.A.String())
+			}
+		}
+	}
+	return addrs, err
+}
+
+// serveUpstream answers A queries for names from a UDP socket on loopback inside ns, the way
+// a recursive resolver does (not authoritative), and returns its address.
+func serveUpstream(t *testing.T, ns netns.NsHandle, names map[string]string) string {
+	t.Helper()
+	var pc net.PacketConn
+	must(t, inNS(ns, func() (err error) { pc, err = net.ListenPacket("udp4", "127.0.0.1:0"); return }))
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg).SetReply(r)
+		m.RecursionAvailable = true
+		for _, q := range r.Question {
+			if a, ok := names[strings.ToLower(q.Name)]; ok && q.Qtype == dns.TypeA {
+				rr, _ := dns.NewRR(q.Name + " 60 IN A " + a)
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
 }
 
 // The guard's output and inbound chains keep a new flow out of a box by themselves: with the

@@ -46,7 +46,7 @@ func probeDNS(ctx context.Context, s Spec, r *Result) {
 	}
 	name, m := dnsQuestion(q, qtype)
 	start := time.Now()
-	resp, err := exchangeDNS(ctx, m, server, s.Iface)
+	resp, err := exchangeDNS(ctx, m, server, s.Iface, q.TCP)
 	if err != nil {
 		dnsFailed(r, err, server, sa, s.Iface, start)
 		return
@@ -98,9 +98,9 @@ func dnsQuestion(q DNSQuery, qtype string) (string, *dns.Msg) {
 	return name, m
 }
 
-// exchangeDNS sends m over UDP from iface. Two tries inside the window: one
+// exchangeDNS sends m over UDP (or TCP) from iface. Two tries inside the window: one
 // lost datagram must not make a positive control look like silence.
-func exchangeDNS(ctx context.Context, m *dns.Msg, server, iface string) (*dns.Msg, error) {
+func exchangeDNS(ctx context.Context, m *dns.Msg, server, iface string, tcp bool) (*dns.Msg, error) {
 	deadline, _ := ctx.Deadline()
 	var resp *dns.Msg
 	var err error
@@ -114,6 +114,9 @@ func exchangeDNS(ctx context.Context, m *dns.Msg, server, iface string) (*dns.Ms
 		}
 		d := &net.Dialer{Control: udpControl(iface, true)}
 		cl := &dns.Client{Net: "udp", Timeout: left, Dialer: d}
+		if tcp {
+			cl.Net, d.Control = "tcp", bindControl(iface)
+		}
 		resp, _, err = cl.ExchangeContext(ctx, m, server)
 		if err == nil || !isTimeout(err) {
 			break

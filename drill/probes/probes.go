@@ -127,6 +127,8 @@ type DNSQuery struct {
 	// Class is IN (default) or CH (CHAOS: servers.bind, version.bind; CH
 	// takes TXT only).
 	Class string `json:"class,omitempty"`
+	// TCP asks over TCP (one connection, one exchange) instead of UDP.
+	TCP bool `json:"tcp,omitempty"`
 }
 
 // DNSAnswer is what the resolver said, kept apart from Outcome so the engine can
