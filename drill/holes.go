@@ -230,12 +230,29 @@ func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Con
 	})
 	if err == nil && h.Restart {
 		err = e.restartBoxes(ctx)
+		// A restart binds the boxes' new ports, which converges claudebox's firewall, the
+		// pins and rp_filter again: the hole's own layers among them go off once more (the
+		// first restore puts everything back).
+		var again []Layer
+		for _, l := range stackOff {
+			if slices.Contains(rebound, l) {
+				again = append(again, l)
+			}
+		}
+		if err == nil && len(again) > 0 {
+			_, err = e.host.SwitchOff(ctx, again, e.boxNames())
+		}
 	}
 	if err == nil && slices.Contains(h.Off, LayerIPv6Off) {
 		e.waitIPv6(ctx)
 	}
 	return restore, err
 }
+
+// rebound are the layers binding a box's port converges (boxcore.BindPorts: the whole
+// firewall, the fdb pins, rp_filter).
+var rebound = []Layer{LayerNFTBridge, LayerPortBinding, LayerL2Ranges, LayerHostGuard, LayerLocalAnswers, LayerWall,
+	LayerFDBPin, LayerPortRPFilter}
 
 // closeHole restores the layers (and waits for that re-apply to settle), forgets what the
 // hole let the kernel learn — the boxes' conntrack flows, their FDB and neighbour entries (a
