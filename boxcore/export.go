@@ -221,9 +221,7 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 
 	m := &minting{bs: bs, o: NewOptions{Name: name}, token: randomToken(), clone: true}
 	rw := &exportRewrite{stack: bs.Stack, name: name, from: x.name, version: bs.Version, token: m.token, extra: o.Config, created: time.Now().UTC(), checked: x, judgeStack: s}
-	if x.config[TagTemplate] != "" {
-		m.o.FirstBoot = &FirstBoot{Timeout: DefaultFirstBootTimeout}
-	}
+	m.o.FirstBoot = firstBootOf(x.config)
 	if o.AfterCheck != nil {
 		o.AfterCheck()
 	}
@@ -707,7 +705,7 @@ type exportRewrite struct {
 func (rw *exportRewrite) config(cfg map[string]string, typ string, snapshot bool) map[string]string {
 	out := map[string]string{}
 	for k, v := range cfg {
-		if strings.HasPrefix(k, "volatile.") || (strings.HasPrefix(k, TagKey) && k != TagTemplate) {
+		if strings.HasPrefix(k, "volatile.") || (strings.HasPrefix(k, TagKey) && k != TagTemplate && k != TagBake) {
 			continue
 		}
 		out[k] = v

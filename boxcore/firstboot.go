@@ -80,6 +80,8 @@ type FirstBoot struct {
 	// Required: an image without cloud-init fails `new` (else it is a warning).
 	Required bool
 	Timeout  time.Duration
+	// Baked: the box comes from a bake, where cloud-init is off: wait for its lease instead.
+	Baked bool
 	// Warn receives a line for the user (an image without cloud-init); may be nil.
 	Warn func(string)
 }
@@ -109,6 +111,9 @@ func (e *FirstBootError) Error() string {
 func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error {
 	if fb.Timeout <= 0 {
 		fb.Timeout = DefaultFirstBootTimeout
+	}
+	if fb.Baked {
+		return bs.waitLease(ctx, b.Name, fb.Timeout)
 	}
 	// The bound is told apart from the caller's context ending (an interrupt): only the
 	// bound is "did not finish within".
@@ -193,4 +198,35 @@ func agentNotReady(err error) bool {
 
 func isCommandNotFound(err error) bool {
 	return strings.Contains(err.Error(), "Command not found")
+}
+
+// waitLease waits, bounded by timeout, until a box's eth0 has an IPv4 address: the readiness
+// of a baked box, which runs no first boot (its programs are in the image already; the lease
+// is what a cold mint's cloud-init waited for too).
+func (bs *Boxes) waitLease(ctx context.Context, name string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		st, err := bs.Client.InstanceState(ctx, name)
+		if err == nil && hasIPv4(st, "eth0") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if ctx.Err() == context.DeadlineExceeded && err == nil {
+				return &FirstBootError{Box: name, Summary: fmt.Sprintf("no IPv4 address on eth0 within %s (the box comes from a bake: no cloud-init runs)", timeout)}
+			}
+			return fmt.Errorf("waiting for the lease of %s: %w", name, context.Cause(ctx))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func hasIPv4(st incus.InstanceState, iface string) bool {
+	for _, a := range st.Network[iface].Addresses {
+		if a.Family == "inet" && a.Scope == "global" {
+			return true
+		}
+	}
+	return false
 }

@@ -259,12 +259,13 @@ func (m *minting) cloneSource(ctx context.Context, req *incus.InstancesPost, cfg
 	}
 	req.Source = incus.InstanceSource{Type: "copy", Source: source, InstanceOnly: true}
 	cfg[TagOrigin], cfg[TagFrom] = "clone", source
-	if t := src.Instance.Config[TagTemplate]; t != "" {
-		// A copy gets a new cloud-init instance-id, so cloud-init runs again: wait for it.
-		cfg[TagTemplate] = t
-		if o.FirstBoot == nil {
-			o.FirstBoot = &FirstBoot{Timeout: DefaultFirstBootTimeout}
+	for _, k := range []string{TagTemplate, TagBake} {
+		if v := src.Instance.Config[k]; v != "" {
+			cfg[k] = v
 		}
+	}
+	if o.FirstBoot == nil {
+		o.FirstBoot = firstBootOf(src.Instance.Config)
 	}
 	return nil
 }
@@ -380,7 +381,11 @@ func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) e
 	if o.FirstBoot == nil {
 		return nil
 	}
-	m.progress(Progress{Stage: "first boot", Percent: -1, Text: firstBootText(o.Name, box.Instance.Config[TagTemplate])})
+	text := firstBootText(o.Name, box.Instance.Config[TagTemplate])
+	if o.FirstBoot.Baked {
+		text = "waiting for the lease of " + o.Name + " (from a bake: no first boot to run)"
+	}
+	m.progress(Progress{Stage: "first boot", Percent: -1, Text: text})
 	if err := m.bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
 		if ctx.Err() != nil || !o.KeepFailed {
 			return m.fail(ctx, "waiting for the first boot of", err)
@@ -389,7 +394,9 @@ func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) e
 	}
 	if o.Timings != nil {
 		o.Timings.FirstBoot = time.Since(launched)
-		o.Timings.ClaudeInstall = m.bs.claudeInstallTime(ctx, o.Name)
+		if !o.FirstBoot.Baked { // a bake's install record is the bake's, not this box's
+			o.Timings.ClaudeInstall = m.bs.claudeInstallTime(ctx, o.Name)
+		}
 	}
 	return nil
 }

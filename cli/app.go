@@ -170,7 +170,7 @@ func NewApp(env *Env, code *int) *cli.App {
 		g := groups[parent]
 		if g == nil {
 			g = &cli.Command{Name: parent, Usage: groupUsage[parent], HideHelpCommand: true, Hidden: true}
-			g.Action = groupAction(parent)
+			g.Action = groupAction(env, parent)
 			groups[parent] = g
 			app.Commands = append(app.Commands, g)
 		}
@@ -180,11 +180,23 @@ func NewApp(env *Env, code *int) *cli.App {
 	return app
 }
 
-// groupAction runs for a group named alone (its help) or with a word that is none of its
-// subcommands (a usage error naming the nearest).
-func groupAction(group string) cli.ActionFunc {
+// groupDefault is the subcommand a group runs when named alone (`claudebox templates`, the
+// verb's name before it became a group); a group without one shows its help.
+var groupDefault = map[string]string{"templates": "list"}
+
+// groupAction runs for a group named alone (its default, else its help) or with a word that
+// is none of its subcommands (a usage error naming the nearest).
+func groupAction(env *Env, group string) cli.ActionFunc {
 	return func(c *cli.Context) error {
 		if c.Args().Len() == 0 {
+			if sub, ok := groupDefault[group]; ok {
+				row, _, _ := findRow([]string{group, sub})
+				ctx := &Ctx{Context: c, Env: env, Cmd: row}
+				if err := runPreconditions(ctx); err != nil {
+					return err
+				}
+				return row.Action(ctx)
+			}
 			return cli.ShowSubcommandHelp(c)
 		}
 		return unknownCommand(group+" "+c.Args().First(), subverbs(group))
@@ -192,8 +204,9 @@ func groupAction(group string) cli.ActionFunc {
 }
 
 var groupUsage = map[string]string{
-	"host":  "build, check and tear down the host's isolation stack",
-	"image": "build the local Debian 12 cloud image (for hosts that reach no image server)",
+	"host":      "build, check and tear down the host's isolation stack",
+	"image":     "build the local Debian 12 cloud image (for hosts that reach no image server)",
+	"templates": "list the box templates, and bake one into a local image (ready in seconds)",
 }
 
 // render turns one row into a urfave command whose action runs the preconditions, then the row.

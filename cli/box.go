@@ -20,7 +20,7 @@ func boxCommands() []Command {
 		{
 			Name:     "new",
 			Examples: []string{"claudebox new --name work", "claudebox new --name work --container --template blank --memory 4GiB", "claudebox new --name work2 --from work/authed"},
-			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--verbose]",
+			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--no-bake] [--verbose]",
 			Summary:  "mint a box: isolated, Claude Code installed, nobody logged in",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
 			Flags: []cli.Flag{
@@ -35,6 +35,7 @@ func boxCommands() []Command {
 				&cli.StringFlag{Name: "disk", Usage: "root disk size, e.g. 20GiB"},
 				&cli.StringFlag{Name: "from", Usage: "clone a box or one of its snapshots: SRC or SRC/SNAP"},
 				&cli.BoolFlag{Name: "keep-failed", Usage: "keep a box whose first boot failed, to look inside"},
+				&cli.BoolFlag{Name: "no-bake", Usage: "run the template's first boot even when 'templates bake' made a bake of it"},
 				&cli.BoolFlag{Name: "verbose", Usage: "print how long launch, cloud-init and the Claude install took"},
 			},
 			Action: newBox,
@@ -226,6 +227,9 @@ func newBox(c *Ctx) error {
 		if err := applyTemplate(c, &o); err != nil {
 			return err
 		}
+		if err := useBake(c, &o); err != nil {
+			return err
+		}
 	}
 	stopProgress := func() {}
 	if c.Env.Terminal {
@@ -242,7 +246,12 @@ func newBox(c *Ctx) error {
 		return err
 	}
 	c.Out("%s is ready (%s, %.1fs): claudebox shell %s", box.Name, box.Instance.Type, time.Since(start).Seconds(), box.Name)
-	if c.Bool("verbose") {
+	switch {
+	case !c.Bool("verbose"):
+	case box.Instance.Config[boxcore.TagBake] != "":
+		c.Out("time: launch %.1fs, lease %.1fs (from the bake %s: no first boot)",
+			timings.Launch.Seconds(), timings.FirstBoot.Seconds(), box.Instance.Config[boxcore.TagBake])
+	default:
 		c.Out("time: launch %.1fs, cloud-init %.1fs (of which Claude install %.1fs)",
 			timings.Launch.Seconds(), timings.FirstBoot.Seconds(), timings.ClaudeInstall.Seconds())
 	}
@@ -251,7 +260,10 @@ func newBox(c *Ctx) error {
 
 // pipedProgress prints one line per stage of `new` to stderr as it begins (create, download,
 // start, first boot, ready), with the seconds since the start: no redrawing, no escapes.
-func pipedProgress(c *Ctx) func(boxcore.Progress) {
+func pipedProgress(c *Ctx) func(boxcore.Progress) { return pipedProgressAs(c, "new") }
+
+// pipedProgressAs is pipedProgress with another verb before each line.
+func pipedProgressAs(c *Ctx, verb string) func(boxcore.Progress) {
 	var mu sync.Mutex
 	last, start := "", time.Now()
 	return func(p boxcore.Progress) {
@@ -265,7 +277,7 @@ func pipedProgress(c *Ctx) func(boxcore.Progress) {
 		if p.Stage == "download" {
 			text = "preparing the image (download or unpack into the pool)"
 		}
-		fmt.Fprintf(c.Env.Stderr, "new: %s: %s (%.1fs)\n", p.Stage, text, time.Since(start).Seconds())
+		fmt.Fprintf(c.Env.Stderr, "%s: %s: %s (%.1fs)\n", verb, p.Stage, text, time.Since(start).Seconds())
 	}
 }
 

@@ -165,7 +165,7 @@ func writeInfo(w io.Writer, format string, info boxcore.Info) error {
 		out("  %s %s/%s (%s)", a.Interface, a.Address, a.Netmask, a.Scope)
 	}
 	out("provenance:")
-	for _, k := range []string{"origin", "from", "created", "version"} {
+	for _, k := range []string{"origin", "from", "template", "bake", "created", "version"} {
 		if v, ok := info.Provenance[k]; ok {
 			out("  %s: %s", k, v)
 		}

@@ -15,13 +15,6 @@ func miscCommands() []Command {
 			},
 		},
 		{
-			Name:     "templates",
-			Examples: []string{"claudebox templates"},
-			Summary:  "list the box templates `new --template` takes",
-			Pre:      []Precondition{NeedsArgs},
-			Action:   listTemplates,
-		},
-		{
 			Name: "probe", Variadic: "run|facts|hits|status|serve ...",
 			Hidden:      true, // the drill runs it inside a box; nobody types it
 			Summary:     "the drill's probe agent (runs inside a box): probes, listeners, facts",

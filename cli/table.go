@@ -76,6 +76,7 @@ func Commands() []Command {
 	cmds = append(cmds, exportCommands()...)
 	cmds = append(cmds, hostCommands()...)
 	cmds = append(cmds, imageCommands()...)
+	cmds = append(cmds, templateCommands()...)
 	cmds = append(cmds, miscCommands()...)
 	cmds = append(cmds, drillCommands()...)
 	cmds = append(cmds, helpCommands()...)

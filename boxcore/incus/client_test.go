@@ -590,3 +590,47 @@ func TestExecControlBeforeTheCommandStarts(t *testing.T) {
 		t.Errorf("result: %q exit %d", r.Stdout, r.ExitCode)
 	}
 }
+
+// PublishInstance sends an instance source with the properties and compression asked for,
+// returns the operation's fingerprint, and reports a failed publish and a publish that names
+// no image.
+func TestPublishInstance(t *testing.T) {
+	var body map[string]any
+	mode := "ok"
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/1.0/images":
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			writeJSON(w, 202, async("pub", nil))
+		case r.URL.Path == "/1.0/operations/pub/wait":
+			switch mode {
+			case "ok":
+				writeJSON(w, 200, op("pub", 200, "", map[string]any{"fingerprint": "abc123"}))
+			case "fail":
+				writeJSON(w, 200, op("pub", 400, "Failed creating image: no space left on device", nil))
+			default:
+				writeJSON(w, 200, op("pub", 200, "", map[string]any{}))
+			}
+		default:
+			writeJSON(w, 404, apiErr(404, "not found"))
+		}
+	})
+	ctx := context.Background()
+	fp, err := c.PublishInstance(ctx, "builder", incus.PublishOptions{Properties: map[string]string{"k": "v"}, Compression: "none"})
+	if err != nil || fp != "abc123" {
+		t.Fatalf("publish: %q %v", fp, err)
+	}
+	src, _ := body["source"].(map[string]any)
+	props, _ := body["properties"].(map[string]any)
+	if src["type"] != "instance" || src["name"] != "builder" || body["compression_algorithm"] != "none" || props["k"] != "v" || body["public"] != false {
+		t.Fatalf("publish request body: %v", body)
+	}
+	mode = "fail"
+	if _, err := c.PublishInstance(ctx, "builder", incus.PublishOptions{}); err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("failed publish: %v", err)
+	}
+	mode = "nofp"
+	if _, err := c.PublishInstance(ctx, "builder", incus.PublishOptions{}); err == nil || !strings.Contains(err.Error(), "without a fingerprint") {
+		t.Fatalf("publish without a fingerprint: %v", err)
+	}
+}

@@ -4,6 +4,8 @@
 //	claudebox list            vs  incus list user.claudebox=1     goal ≤ 1.00×
 //	claudebox new --container vs  incus launch (same image, profile, config)  goal ≤ 1.15×
 //
+// and, in bake.go, the baked template's targets (issue 12).
+//
 // It runs against the host's real stack (make bench runs setup first) with the scratch probe
 // image built from the claudebox binary, and removes every box it made.
 package main
@@ -27,6 +29,8 @@ import (
 func main() {
 	bin := flag.String("bin", "bin/claudebox", "the claudebox binary")
 	rounds := flag.Int("n", 15, "paired runs per comparison")
+	bakeRounds := flag.Int("bake-n", 3, "paired runs per comparison of the baked-template section (a cold mint takes ~40 s)")
+	only := flag.String("only", "", "run one section only: incus or bake")
 	flag.Parse()
 	ctx := context.Background()
 	c, err := incus.Connect(ctx, "")
@@ -37,6 +41,12 @@ func main() {
 	prefix := fmt.Sprintf("cbbench-%d", time.Now().Unix()%100000)
 	defer cleanup(c, prefix)
 
+	if *only != "incus" {
+		benchBake(c, *bin, prefix, *bakeRounds)
+	}
+	if *only == "bake" {
+		return
+	}
 	// A few boxes so list has something to list.
 	for i := 0; i < 3; i++ {
 		run(*bin, "new", "--name", fmt.Sprintf("%s-seed%d", prefix, i), "--container", "--image", image)
@@ -93,14 +103,19 @@ func median(d []time.Duration) time.Duration {
 }
 
 func report(what string, t [2][]time.Duration, goal float64) {
+	reportAs(what, "claudebox", "incus", t, goal)
+}
+
+// reportAs is report with its own names for the two sides.
+func reportAs(what, nameA, nameB string, t [2][]time.Duration, goal float64) {
 	a, b := median(t[0]), median(t[1])
 	ratio := float64(a) / float64(b)
 	verdict := "ok"
 	if ratio > goal {
 		verdict = "OVER GOAL"
 	}
-	fmt.Printf("%-18s claudebox %7.1f ms   incus %7.1f ms   ratio %.2f× (goal ≤ %.2f×) %s   [median of %d paired runs]\n",
-		what, ms(a), ms(b), ratio, goal, verdict, len(t[0]))
+	fmt.Printf("%-18s %s %7.1f ms   %s %7.1f ms   ratio %.2f× (goal ≤ %.2f×) %s   [median of %d paired runs]\n",
+		what, nameA, ms(a), nameB, ms(b), ratio, goal, verdict, len(t[0]))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
