@@ -217,6 +217,9 @@ func (bs *Boxes) UseBake(ctx context.Context, o *NewOptions) (BakeState, error) 
 		return BakeState{}, nil
 	}
 	st, err := bs.BakeState(ctx, *o)
+	if ie := interrupted(ctx, o.Name, "choosing the image of", false); ie != nil {
+		return st, ie // nothing was made yet: say the interrupt, not the request it cut
+	}
 	if err != nil || !st.Current() {
 		return st, err
 	}
