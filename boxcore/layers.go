@@ -23,6 +23,7 @@ const (
 	LayerIgnoreNames  Layer = "dhcp-ignore-names" // dnsmasq does not register DHCP hostnames
 	LayerNoHosts      Layer = "no-hosts"          // dnsmasq does not serve /etc/hosts
 	LayerNoIdent      Layer = "no-ident"          // dnsmasq does not answer CHAOS servers.bind/version.bind
+	LayerNoCache      Layer = "no-cache"          // dnsmasq keeps no shared cache (cache-size=0): no box sees a sibling's lookups
 	LayerDHCPKnown    Layer = "dhcp-known-only"   // dnsmasq answers DHCP only for MACs with a dhcp-host entry
 	LayerACL          Layer = "acl"               // the Incus network ACL, as its rules are in the kernel
 	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input, output, inbound: box→host, nothing new into a box
@@ -41,13 +42,15 @@ func dnsmasqLine(l Layer) string {
 		return string(l)
 	case LayerDHCPKnown:
 		return DHCPKnownOnly
+	case LayerNoCache:
+		return NoCache
 	}
 	return ""
 }
 
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
 var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerFDBPin, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerNoIdent, LayerLocalAnswers, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
+	LayerNoHosts, LayerNoIdent, LayerNoCache, LayerLocalAnswers, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
 type LayerState struct {
@@ -102,7 +105,7 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	for _, o := range []struct {
 		l   Layer
 		opt string
-	}{{LayerIgnoreNames, "dhcp-ignore-names"}, {LayerNoHosts, "no-hosts"}, {LayerNoIdent, "no-ident"}, {LayerDHCPKnown, DHCPKnownOnly}} {
+	}{{LayerIgnoreNames, "dhcp-ignore-names"}, {LayerNoHosts, "no-hosts"}, {LayerNoIdent, "no-ident"}, {LayerDHCPKnown, DHCPKnownOnly}, {LayerNoCache, NoCache}} {
 		on := slices.Contains(dm.Options, o.opt)
 		add(o.l, on, "dnsmasq (pid %d) option %s %s", dm.PID, o.opt, presence(on))
 	}

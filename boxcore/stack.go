@@ -65,7 +65,13 @@ const DefaultCPU = "2"
 // no-ident stops the CHAOS answers (servers.bind shows the upstream and its query counter,
 // so one box could watch a sibling's DNS activity; version.bind the dnsmasq version).
 // DHCPKnownOnly answers only clients with a dhcp-host entry (see DHCPKnownOnly).
-var DNSOptions = []string{"dhcp-ignore-names", "no-hosts", "no-resolv", "domain-needed", "bogus-priv", "no-ident", DHCPKnownOnly}
+// NoCache turns dnsmasq's shared cache off: with it a box saw the TTL of a name a sibling had
+// just asked counted down, and no upstream query (found by the attacker: a box could watch
+// what its siblings look up).
+var DNSOptions = []string{"dhcp-ignore-names", "no-hosts", "no-resolv", "domain-needed", "bogus-priv", "no-ident", DHCPKnownOnly, NoCache}
+
+// NoCache is the dnsmasq line that turns its cache off.
+const NoCache = "cache-size=0"
 
 // DHCPKnownOnly makes dnsmasq ignore DHCP from any client it has no dhcp-host entry for. NIC
 // filtering checks a frame's Ethernet source only, so without it a box can ask a lease for a

@@ -109,7 +109,7 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 		return sw.guestAPIOn(ctx)
 	case LayerDNSModeNone:
 		sw.cfg["dns.mode"] = "managed"
-	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent, LayerDHCPKnown:
+	case LayerIgnoreNames, LayerNoHosts, LayerNoIdent, LayerDHCPKnown, LayerNoCache:
 		var keep []string
 		for _, line := range strings.Split(sw.cfg["raw.dnsmasq"], "\n") {
 			if strings.TrimSpace(line) != dnsmasqLine(l) {

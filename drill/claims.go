@@ -21,6 +21,7 @@ const (
 	LayerNoHosts       = boxcore.LayerNoHosts
 	LayerNoIdent       = boxcore.LayerNoIdent
 	LayerLocalAnswers  = boxcore.LayerLocalAnswers
+	LayerNoCache       = boxcore.LayerNoCache
 	LayerACL           = boxcore.LayerACL
 	LayerHostGuard     = boxcore.LayerHostGuard
 	LayerWall          = boxcore.LayerWall

@@ -328,10 +328,10 @@ func (d *Decoy) answer(w dns.ResponseWriter, req *dns.Msg) {
 		d.mu.Lock()
 		d.queries = append(d.queries, dns.TypeToString[q.Qtype]+" "+q.Name)
 		d.mu.Unlock()
-		if strings.EqualFold(q.Name, dns.Fqdn(d.PublicName)) {
+		if ttl, ok := d.publicTTL(q.Name); ok {
 			found = true
 			if q.Qtype == dns.TypeA {
-				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1},
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: ttl},
 					A: net.IP(d.Public.AsSlice())})
 			}
 		}
@@ -340,6 +340,30 @@ func (d *Decoy) answer(w dns.ResponseWriter, req *dns.Msg) {
 		m.Rcode = dns.RcodeNameError
 	}
 	_ = w.WriteMsg(m)
+}
+
+// publicTTL: the public name answers with a TTL of 1 s (no cache carries it from one matrix
+// to the next); a cache name (CacheName) with CacheTTL, so that a cache is seen counting down.
+func (d *Decoy) publicTTL(name string) (uint32, bool) {
+	pub := dns.Fqdn(d.PublicName)
+	switch {
+	case strings.EqualFold(name, pub):
+		return 1, true
+	case strings.HasSuffix(strings.ToLower(name), "."+strings.ToLower(pub)) && strings.HasPrefix(strings.ToLower(name), cacheLabel):
+		return CacheTTL, true
+	}
+	return 0, false
+}
+
+// CacheTTL is the TTL of a cache name; a fresh answer carries it whole.
+const CacheTTL = 3600
+
+const cacheLabel = "cache-"
+
+// CacheName is a name under the public name that no one has asked before in this matrix
+// (round): the cache row's sibling asks it first.
+func CacheName(publicName string, round int) string {
+	return fmt.Sprintf("%sr%d.%s", cacheLabel, round, publicName)
 }
 
 // Queries returns what the decoy resolver was asked, for evidence.

@@ -49,7 +49,7 @@ var Holes = append(singleHoles(),
 var holeNames = map[Layer]string{
 	LayerNFTBridge: "nft bridge drop removed", LayerBRNF: "br_netfilter off", LayerPortIso: "port isolation off",
 	LayerDNSModeNone: "dns.mode=managed", LayerIgnoreNames: "dhcp-ignore-names removed", LayerNoHosts: "no-hosts removed",
-	LayerNoIdent: "no-ident removed", LayerLocalAnswers: "local answers removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
+	LayerNoIdent: "no-ident removed", LayerLocalAnswers: "local answers removed", LayerNoCache: "no-cache removed", LayerACL: "ACL detached", LayerHostGuard: "host input guard removed",
 	LayerWall: "wall removed", LayerNICFiltering: "NIC filtering off", LayerIPv6Off: "IPv6 on the bridge",
 	LayerPortBinding: "port binding removed", LayerL2Ranges: "L2 ranges removed", LayerDHCPKnownOnly: "dhcp-known-only removed",
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",

@@ -33,12 +33,14 @@ const (
 	HasIPv6     Outcome = "ipv6"         // facts: the box has IPv6
 	Lease       Outcome = "lease"        // facts: the box holds an IPv4 lease
 	NoLease     Outcome = "no-lease"     // facts: it does not
+	Fresh       Outcome = "fresh"        // DNS: the answer came from upstream, its TTL whole
+	Cached      Outcome = "cached"       // DNS: the answer came from a cache another box filled
 )
 
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
 func (o Outcome) Negative() bool {
-	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held
+	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh
 }
 
 // Verdict of a case.
@@ -262,6 +264,7 @@ const (
 	WindowSpoof   = "spoof"   // after the shared batch: a spoof that works disturbs its victim
 	WindowDHCP    = "dhcp"    // once dnsmasq is back from the re-apply, beside everything else
 	WindowLeases  = "leases"  // read from dnsmasq once the DHCP rows are done
+	WindowCache   = "cache"   // a sibling asks a name first, a box asks it a second later
 	WindowSoak    = "soak"    // --soak: many re-applies, an incusd restart and a drift repair under one flood
 	WindowRestart = "restart" // --soak: the first box restarted behind claudebox's back, before anything binds it
 )
@@ -289,6 +292,12 @@ func (t *Topology) gatewayEnd() Endpoint {
 func Observe(c Case, res probes.Result) Outcome {
 	switch c.Probe.Kind {
 	case probes.KindDNS:
+		if c.Expected == Fresh && res.Outcome == probes.Open && res.DNS != nil {
+			if res.DNS.TTL < CacheTTL {
+				return Cached
+			}
+			return Fresh
+		}
 		switch {
 		case res.Outcome == probes.Open:
 			return Answer

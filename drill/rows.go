@@ -54,7 +54,21 @@ var (
 	ToOtherBoxesLL = Selector{"every other box with a link-local address", func(t *Topology, from Endpoint) []Endpoint {
 		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key && b.LL.IsValid() })
 	}}
-	ToGateway   = Selector{"the gateway", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.gatewayEnd()} }}
+	ToGateway = Selector{"the gateway", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.gatewayEnd()} }}
+	// The first box and its sibling (the cache row: one pair is enough to show a shared cache).
+	FromFirstBox = Selector{"the first box", func(t *Topology, _ Endpoint) []Endpoint {
+		if len(t.Boxes) < 2 {
+			return nil
+		}
+		return boxEnds(t.Boxes[:1], nil)
+	}}
+	FromSecondBox = Selector{"the second box", func(t *Topology, _ Endpoint) []Endpoint {
+		if len(t.Boxes) < 2 {
+			return nil
+		}
+		return boxEnds(t.Boxes[1:2], nil)
+	}}
+	ToSecondBox = Selector{"the second box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes[1:2], nil) }}
 	ToPublic    = Selector{"the public decoy", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.publicEnd()} }}
 	ToPublicDNS = Selector{"the public name at the gateway", func(t *Topology, _ Endpoint) []Endpoint {
 		return []Endpoint{{Key: t.PublicName, Label: "gateway DNS: " + t.PublicName, Name: t.PublicName}}
@@ -127,12 +141,15 @@ var (
 	releaseSibling = func(_, to Endpoint, t *Topology) probes.Spec {
 		return dhcpSpec(probes.KindDHCPRelease, t.Gateway.Addr(), &probes.DHCPSpec{VictimIP: to.Box.IPv4.String(), VictimMAC: to.Box.MAC})
 	}
-	toAddrICMP = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
-	toDecoyUDP = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
-	toBoxTCP   = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
-	toBoxUDP   = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
-	toHostTCP  = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
-	toHostUDP  = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
+	toAddrICMP   = func(_, to Endpoint, _ *Topology) probes.Spec { return icmp(to.Addr) }
+	toDecoyUDP   = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Addr, DecoyUDP) }
+	toBoxTCP     = func(_, to Endpoint, _ *Topology) probes.Spec { return tcp(to.Box.IPv4, probes.DefaultTCPPort) }
+	toBoxUDP     = func(_, to Endpoint, _ *Topology) probes.Spec { return udp(to.Box.IPv4, probes.DefaultUDPPort) }
+	toHostTCP    = func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }
+	toHostUDP    = func(_, to Endpoint, t *Topology) probes.Spec { return udp(to.Addr, t.HostUDP) }
+	askCacheName = func(_, _ Endpoint, t *Topology) probes.Spec {
+		return dnsq(t.Gateway.Addr(), CacheName(t.PublicName, t.Round), "A")
+	}
 	askGateway = func(name func(to Endpoint, t *Topology) string, typ string) func(_, to Endpoint, t *Topology) probes.Spec {
 		return func(_, to Endpoint, t *Topology) probes.Spec { return dnsq(t.Gateway.Addr(), name(to, t), typ) }
 	}
@@ -395,6 +412,15 @@ var Claims = append([]ClaimRow{
 	// The resolver says nothing about itself (its upstreams and their query counters, which
 	// would let one box watch another's DNS activity, or its version).
 	chaosRow("servers.bind", false), chaosRow("version.bind", false), chaosRow("servers.bind", true),
+
+	// Nor about what the boxes ask it (found by the attacker): a name the sibling has just
+	// asked reaches the first box from upstream with its TTL whole. With dnsmasq's shared
+	// cache it came counted down, with no upstream query: the box saw the sibling's lookup.
+	{Key: "ctl/cache-prime", Claim: ClaimControl, Kind: "dns", ID: "ctl/{from}/cache-prime", From: FromSecondBox, To: ToPublicDNS,
+		Expect: Answer, Window: WindowCache, Probe: askCacheName},
+	{Key: "resolver/cache", Claim: ClaimResolver, Kind: "dns-cache", ID: "resolver/{from}/cache-after-{to}", From: FromFirstBox, To: ToSecondBox,
+		Expect: Fresh, Window: WindowCache, Probe: askCacheName,
+		Controls: []Control{{"ctl/cache-prime", EndTarget, EndTarget}}, Holds: any1(LayerNoCache)},
 
 	// Host→box: the ACL's default ingress drop, the wall's and the guard's "no new flow into a box".
 	{Key: "host-box/tcp", Claim: ClaimHostBox, Kind: "tcp", ID: "host-box/host>{to}/tcp", From: FromHost, To: ToBoxes, Probe: toBoxTCP,

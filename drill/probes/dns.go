@@ -150,8 +150,11 @@ func dnsFailed(r *Result, err error, server string, sa netip.Addr, iface string,
 func dnsAnswered(r *Result, resp *dns.Msg, name, qtype, server string) {
 	r.DNS.Answered = true
 	r.DNS.Rcode = dns.RcodeToString[resp.Rcode]
-	for _, rr := range resp.Answer {
+	for i, rr := range resp.Answer {
 		h := rr.Header()
+		if i == 0 || h.Ttl < r.DNS.TTL {
+			r.DNS.TTL = h.Ttl
+		}
 		data := strings.TrimSpace(strings.TrimPrefix(rr.String(), h.String()))
 		r.DNS.Records = append(r.DNS.Records, fmt.Sprintf("%s %s %s", strings.TrimSuffix(h.Name, "."), dns.TypeToString[h.Rrtype], data))
 	}

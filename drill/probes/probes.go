@@ -139,6 +139,9 @@ type DNSAnswer struct {
 	// Rcode is the response code name (NOERROR, NXDOMAIN, REFUSED, SERVFAIL...).
 	Rcode   string   `json:"rcode,omitempty"`
 	Records []string `json:"records,omitempty"`
+	// TTL is the lowest TTL of the answer records (0 without records): an answer from a
+	// resolver's cache has its TTL counted down.
+	TTL uint32 `json:"ttl,omitempty"`
 	// Server is the address that was asked.
 	Server string `json:"server,omitempty"`
 }
