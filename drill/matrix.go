@@ -145,17 +145,18 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 		}()
 	}
 	// The resource rows run on their own box beside the network rows: nothing they do
-	// reaches the network (the CPU step waits for the window's floods to end, so the work
-	// units it times are not the floods'). A hole that restarts the box for its step
-	// (seccomp applies at start) would re-bind ports under the network rows: it runs last.
-	windowDone := make(chan struct{})
+	// reaches the network. The CPU step waits until the network rows are done: the work
+	// units it times must not time them (with 8 boxes the host's unit took 4.3x during the
+	// spoof phase). A hole that restarts the box for its step (seccomp applies at start)
+	// would re-bind ports under the network rows: it runs last.
+	networkDone := make(chan struct{})
+	endNetwork := sync.OnceFunc(func() { close(networkDone) })
 	resDone := make(chan struct{})
 	resAlongside := !slices.Contains(e.holeOff, LayerBoxSubvolDeny)
 	if resAlongside {
-		go func() { defer close(resDone); e.resourcePhase(ctx, phase, windowDone) }()
+		go func() { defer close(resDone); e.resourcePhase(ctx, phase, networkDone) }()
 	}
 	err = e.window(ctx, phase[WindowReapply], startDHCP)
-	close(windowDone)
 	// The cache rows once dnsmasq is back from the re-apply (a restart empties its cache),
 	// beside the rest.
 	cacheDone := make(chan struct{})
@@ -163,12 +164,14 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	defer func() { <-cacheDone }()
 	if err != nil {
 		<-dhcpDone
+		endNetwork()
 		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
 	e.awaitDAD(ctx)
 	if err := e.undisturbed(ctx, batch); err != nil {
 		<-dhcpDone
+		endNetwork()
 		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
@@ -191,10 +194,11 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	e.leasesIntact(ctx, phase[WindowLeases])
 	e.soak(ctx, phase[WindowSoak])
 	saved := e.restartPhase(ctx, phase[WindowRestart])
+	endNetwork()
 	if resAlongside {
 		<-resDone
 	} else {
-		e.resourcePhase(ctx, phase, windowDone)
+		e.resourcePhase(ctx, phase, networkDone)
 	}
 	<-cacheDone
 	hits := e.allHits(ctx)

@@ -183,7 +183,7 @@ var resourceClaims = []ClaimRow{
 	{Key: "res/host-latency-before", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-before-burn", From: FromResHost, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/cpu-burn", Claim: ClaimResources, Kind: "cpu-burn", ID: "res/{from}/cpu-burn", From: FromStressBox, To: ToResSibling, Expect: Held,
-		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 1200 * time.Millisecond, Delay: 300 * time.Millisecond}, 10*time.Second),
+		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 900 * time.Millisecond, Delay: 300 * time.Millisecond}, 10*time.Second),
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxCPU), Window: WindowResCPU},
 	// A btrfs subvolume made inside the box would have a qgroup of its own, outside the box's
 	// quota (found by the attacker: 300 MiB past a 64 MiB quota). The deny holds it; the
@@ -192,9 +192,9 @@ var resourceClaims = []ClaimRow{
 		Probe:    func(_, _ Endpoint, _ *Topology) probes.Spec { return probes.Spec{Kind: probes.KindSubvolume} },
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxSubvolDeny), Window: WindowResSubvol},
 	{Key: "res/latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResSibling, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 600 * time.Millisecond, Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 400 * time.Millisecond, Delay: 500 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/host-latency-during", Claim: ClaimResources, Kind: "latency", ID: "res/{from}/latency-during-burn", From: FromResHost, To: ToSelf, Expect: Open,
-		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 600 * time.Millisecond, Delay: 600 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 400 * time.Millisecond, Delay: 500 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 }
 
 // resourceStep is one stress: what the lab tightens on the stress box, and how its rows are
@@ -231,10 +231,11 @@ var resourceSteps = []resourceStep{
 	}},
 }
 
-// resourcePhase reads every box's limits, then runs each step on the resource box: tighten
-// (unless the seeded hole has that layer off), read the limit back finite from the kernel,
-// run the step's rows, put the box's own limit back.
-func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, windowDone <-chan struct{}) {
+// resourcePhase reads every box's limits, tries a subvolume, then runs each step on the
+// resource box: tighten (unless the seeded hole has that layer off), read the limit back
+// finite from the kernel, run the step's rows (the CPU step's once networkDone closes: its
+// work units must time nothing but the burn), put the box's own limit back.
+func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, networkDone <-chan struct{}) {
 	for _, r := range phase[WindowResLimits] {
 		read, missing := e.readLimits(ctx, r.From)
 		if missing != "" {
@@ -244,20 +245,18 @@ func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, win
 		}
 		r.Observed = Observe(r.Case, r.Result)
 	}
+	e.subvolumeStep(ctx, phase[WindowResSubvol])
 	for _, step := range resourceSteps {
 		rows := phase[step.window]
 		if len(rows) == 0 {
 			continue
 		}
+		var gate <-chan struct{}
 		if step.window == WindowResCPU {
-			select {
-			case <-windowDone:
-			case <-ctx.Done():
-			}
+			gate = networkDone
 		}
-		e.resourceStep(ctx, step, rows)
+		e.resourceStep(ctx, step, rows, gate)
 	}
-	e.subvolumeStep(ctx, phase[WindowResSubvol])
 }
 
 // subvolumeStep: the first box tries to create a btrfs subvolume. With the hole open, the box
@@ -327,7 +326,9 @@ func (e *engine) restartBox(ctx context.Context, name string) error {
 	return e.host.BindPorts(ctx)
 }
 
-func (e *engine) resourceStep(ctx context.Context, step resourceStep, rows []*Row) {
+// gate, when not nil, holds the stress and its controls back until it closes (the limit is
+// set and read back before).
+func (e *engine) resourceStep(ctx context.Context, step resourceStep, rows []*Row, gate <-chan struct{}) {
 	var stress *Row
 	for _, r := range rows {
 		if r.Claim == ClaimResources && r.Expected == Held {
@@ -373,6 +374,12 @@ func (e *engine) resourceStep(ctx context.Context, step resourceStep, rows []*Ro
 	if why := e.finite(ctx, step.layer, box); why != "" {
 		fail("no stress without a finite limit: " + why)
 		return
+	}
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
 	}
 	e.execute(ctx, rows)
 	e.judgeStress(ctx, step, stress, under)
