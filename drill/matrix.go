@@ -145,18 +145,25 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 		}()
 	}
 	// The resource rows run on their own box beside the network rows: nothing they do
-	// reaches the network. The CPU step waits until the network rows are done: the work
-	// units it times must not time them (with 8 boxes the host's unit took 4.3x during the
-	// spoof phase). A hole that restarts the box for its step (seccomp applies at start)
-	// would re-bind ports under the network rows: it runs last.
-	networkDone := make(chan struct{})
+	// reaches the network. The CPU step waits for the window's floods to end, and its work
+	// units are judged against the slower of just before and just after the burn (the
+	// network rows load the host too: with 8 boxes a unit took 4.3x its time before the
+	// burn, the burner not the cause). The disk step waits for the network rows: beside
+	// them, incusd stalled for 10 s and more in 2 runs of about 12 (every exec into the
+	// boxes timed out; the step fills a btrfs quota and resizes the root through Incus);
+	// after them, 10 runs of 10 were clean. A hole that restarts the box for its step
+	// (seccomp applies at start) would re-bind ports under the network rows: it runs last.
+	windowDone, networkDone := make(chan struct{}), make(chan struct{})
+	endWindow := sync.OnceFunc(func() { close(windowDone) })
 	endNetwork := sync.OnceFunc(func() { close(networkDone) })
+	gates := map[string]<-chan struct{}{WindowResCPU: windowDone, WindowResDisk: networkDone}
 	resDone := make(chan struct{})
 	resAlongside := !slices.Contains(e.holeOff, LayerBoxSubvolDeny)
 	if resAlongside {
-		go func() { defer close(resDone); e.resourcePhase(ctx, phase, networkDone) }()
+		go func() { defer close(resDone); e.resourcePhase(ctx, phase, gates) }()
 	}
 	err = e.window(ctx, phase[WindowReapply], startDHCP)
+	endWindow()
 	// The cache rows once dnsmasq is back from the re-apply (a restart empties its cache),
 	// beside the rest.
 	cacheDone := make(chan struct{})
@@ -164,6 +171,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	defer func() { <-cacheDone }()
 	if err != nil {
 		<-dhcpDone
+		endWindow()
 		endNetwork()
 		e.awaitResources(resAlongside, resDone)
 		return nil, err
@@ -171,6 +179,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	e.awaitDAD(ctx)
 	if err := e.undisturbed(ctx, batch); err != nil {
 		<-dhcpDone
+		endWindow()
 		endNetwork()
 		e.awaitResources(resAlongside, resDone)
 		return nil, err
@@ -198,7 +207,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	if resAlongside {
 		<-resDone
 	} else {
-		e.resourcePhase(ctx, phase, networkDone)
+		e.resourcePhase(ctx, phase, gates)
 	}
 	<-cacheDone
 	hits := e.allHits(ctx)

@@ -84,7 +84,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
 		"res/limits": 4, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
-		"res/latency-before": 1, "res/host-latency-before": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
+		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))
 	for _, r := range Claims {

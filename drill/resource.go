@@ -177,11 +177,16 @@ var resourceClaims = []ClaimRow{
 		Holds:    any1(LayerBoxDisk), Window: WindowResDisk},
 
 	// CPU: a burner gets no more than its quota; the sibling's and the host's work units stay
-	// within a bound of what they took before the burn.
+	// within a bound of what they took around the burn: the slower of just before and just
+	// after, so that load the burner did not cause (the network rows beside it) is bracketed.
 	{Key: "res/latency-before", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-before-burn", From: FromResSibling, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/host-latency-before", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-before-burn", From: FromResHost, To: ToSelf, Expect: Open,
 		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+	{Key: "res/latency-after", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-after-burn", From: FromResSibling, To: ToSelf, Expect: Open,
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond, Delay: 1400 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
+	{Key: "res/host-latency-after", Claim: ClaimControl, Kind: "latency", ID: "ctl/{from}/latency-after-burn", From: FromResHost, To: ToSelf, Expect: Open,
+		Probe: resSpec(probes.KindLatency, probes.ResourceSpec{Duration: 300 * time.Millisecond, Delay: 1400 * time.Millisecond}, 5*time.Second), Window: WindowResCPU},
 	{Key: "res/cpu-burn", Claim: ClaimResources, Kind: "cpu-burn", ID: "res/{from}/cpu-burn", From: FromStressBox, To: ToResSibling, Expect: Held,
 		Probe:    resSpec(probes.KindCPUBurn, probes.ResourceSpec{Threads: 2, Duration: 900 * time.Millisecond, Delay: 300 * time.Millisecond}, 10*time.Second),
 		Controls: []Control{resLimits}, Holds: any1(LayerBoxCPU), Window: WindowResCPU},
@@ -216,6 +221,9 @@ var resourceSteps = []resourceStep{
 		limit := kl.MemoryUsage + memoryHeadroom<<20
 		return boxcore.Tighten{Config: map[string]string{"limits.memory": strconv.FormatInt(limit, 10)}}, memoryHeadroom, nil
 	}},
+	{WindowResCPU, LayerBoxCPU, func(*engine, context.Context, string, boxcore.KernelLimits) (boxcore.Tighten, float64, error) {
+		return boxcore.Tighten{Config: map[string]string{"limits.cpu.allowance": cpuQuota}}, cpuQuotaShare, nil
+	}},
 	{WindowResDisk, LayerBoxDisk, func(e *engine, ctx context.Context, box string, _ boxcore.KernelLimits) (boxcore.Tighten, float64, error) {
 		q, err := boxcore.ReadDiskQuota(ctx, e.c, e.o.Stack.Pool, box)
 		if err != nil {
@@ -226,16 +234,13 @@ var resourceSteps = []resourceStep{
 		limit := (q.Referenced>>20 + 1 + diskHeadroom) << 20
 		return boxcore.Tighten{RootSize: strconv.FormatInt(limit, 10) + "B"}, diskHeadroom, nil
 	}},
-	{WindowResCPU, LayerBoxCPU, func(*engine, context.Context, string, boxcore.KernelLimits) (boxcore.Tighten, float64, error) {
-		return boxcore.Tighten{Config: map[string]string{"limits.cpu.allowance": cpuQuota}}, cpuQuotaShare, nil
-	}},
 }
 
 // resourcePhase reads every box's limits, tries a subvolume, then runs each step on the
 // resource box: tighten (unless the seeded hole has that layer off), read the limit back
-// finite from the kernel, run the step's rows (the CPU step's once networkDone closes: its
-// work units must time nothing but the burn), put the box's own limit back.
-func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, networkDone <-chan struct{}) {
+// finite from the kernel, run the step's rows once the step's gate (if any) closes, put the
+// box's own limit back.
+func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, gates map[string]<-chan struct{}) {
 	for _, r := range phase[WindowResLimits] {
 		read, missing := e.readLimits(ctx, r.From)
 		if missing != "" {
@@ -251,11 +256,7 @@ func (e *engine) resourcePhase(ctx context.Context, phase map[string][]*Row, net
 		if len(rows) == 0 {
 			continue
 		}
-		var gate <-chan struct{}
-		if step.window == WindowResCPU {
-			gate = networkDone
-		}
-		e.resourceStep(ctx, step, rows, gate)
+		e.resourceStep(ctx, step, rows, gates[step.window])
 	}
 }
 
@@ -488,23 +489,24 @@ func slack(l Layer) float64 {
 
 // judgeLatency: a work unit during the burn against the same box's (or host's) before.
 func judgeLatency(rows []*Row) {
-	before := map[string]int64{}
+	// The reference: the slower of the units just before and just after the burn.
+	ref := map[string]int64{}
 	for _, r := range rows {
 		if r.Claim == ClaimControl && r.Kind == "latency" && r.Result.Resource != nil && r.Observed == Open {
-			before[r.From] = r.Result.Resource.UnitNs
+			ref[r.From] = max(ref[r.From], r.Result.Resource.UnitNs)
 		}
 	}
 	for _, r := range rows {
 		if r.Claim != ClaimResources || r.Kind != "latency" || r.Observed != Open {
 			continue
 		}
-		b := before[r.From]
+		b := ref[r.From]
 		if b <= 0 || r.Result.Resource == nil || r.Result.Resource.UnitNs <= 0 {
 			r.Observed, r.Result.Evidence = CheckFailed, "no work unit to compare with"
 			continue
 		}
 		ratio := float64(r.Result.Resource.UnitNs) / float64(b)
-		r.Result.Evidence = fmt.Sprintf("a work unit took %.2fx what it took before the burn (%s vs %s; bound %.1fx)",
+		r.Result.Evidence = fmt.Sprintf("a work unit took %.2fx what it took around the burn (%s vs %s, the slower of before and after; bound %.1fx)",
 			ratio, time.Duration(r.Result.Resource.UnitNs), time.Duration(b), latencyBound)
 		if ratio > latencyBound {
 			r.Observed = Refused
