@@ -33,6 +33,8 @@ const (
 	HasIPv6     Outcome = "ipv6"         // facts: the box has IPv6
 	Lease       Outcome = "lease"        // facts: the box holds an IPv4 lease
 	NoLease     Outcome = "no-lease"     // facts: it does not
+	NoSuchName  Outcome = "nxdomain"     // DNS: the resolver answered that the name does not exist
+	Exists      Outcome = "exists"       // DNS: it answered without records but without NXDOMAIN: the name exists
 	Fresh       Outcome = "fresh"        // DNS: the answer came from upstream, its TTL whole
 	Cached      Outcome = "cached"       // DNS: the answer came from a cache another box filled
 )
@@ -40,7 +42,7 @@ const (
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
 func (o Outcome) Negative() bool {
-	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh
+	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh || o == NoSuchName
 }
 
 // Verdict of a case.
@@ -292,6 +294,13 @@ func (t *Topology) gatewayEnd() Endpoint {
 func Observe(c Case, res probes.Result) Outcome {
 	switch c.Probe.Kind {
 	case probes.KindDNS:
+		if c.Expected == NoSuchName && res.DNS != nil && res.DNS.Answered {
+			// An empty NOERROR (or records) tells that the name exists; only NXDOMAIN does not.
+			if res.DNS.Rcode == "NXDOMAIN" {
+				return NoSuchName
+			}
+			return Exists
+		}
 		if c.Expected == Fresh && res.Outcome == probes.Open && res.DNS != nil {
 			if res.DNS.TTL < CacheTTL {
 				return Cached

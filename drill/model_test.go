@@ -74,7 +74,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"box-box/tcp": 6, "box-box/udp": 6, "box-box/icmp": 6, "box-box-l2/arp": 6, "box-box-l2/tcp6ll": 4,
 		"box-box-name/dns-instance": 6, "box-box-name/dns-hostname": 6, "box-box-name/dns-hostname-fqdn": 6, "box-box-name/dns-ptr": 6,
 		"host-names/dns": 6, "host-names/dns-tcp": 6, "box-box-name/dns-instance-tcp": 6, "resolver/servers.bind/tcp": 3,
-		"ctl/cache-prime": 1, "resolver/cache": 1,
+		"ctl/cache-prime": 1, "resolver/cache": 1, "box-box-name/dns-exists": 6,
 		"box-host/gateway-tcp": 3, "box-host/gateway-udp": 3, "box-host/addr-tcp": 3, "box-host/addr-udp": 3,
 		"lan/tcp": 3, "lan/udp": 3, "lan/icmp": 3, "cgnat/tcp": 9, "cgnat/udp": 6, "cgnat/icmp": 6,
 		"ipv6/facts": 3, "host-box/tcp": 3, "host-box/udp": 3,
@@ -326,6 +326,8 @@ func TestComplete(t *testing.T) {
 var singleLayerRows = map[string]Layer{
 	// A shared cache tells one box what another asked; only turning it off stops that.
 	"resolver/cache": LayerNoCache,
+	// Whether a name exists: only the dnsmasq options hide it (both needed: conjunctive).
+	"box-box-name/dns-exists": "",
 	// A box's limits are one kernel mechanism each (docs/drill.md: no second layer).
 	"res/fork-bomb": LayerBoxPids, "res/mem-hog": LayerBoxMemory, "res/disk-fill": LayerBoxDisk, "res/cpu-burn": LayerBoxCPU,
 	"res/subvolume": LayerBoxSubvolDeny,

@@ -208,6 +208,14 @@ var Claims = append([]ClaimRow{
 	nameRow("dns-hostname", func(to Endpoint, _ *Topology) string { return to.Box.Hostname }, "A", false, bothNameLayers),
 	nameRow("dns-hostname-fqdn", func(to Endpoint, t *Topology) string { return to.Box.Hostname + "." + t.Domain }, "A", false, any1(LayerDNSModeNone, LayerLocalAnswers)),
 	nameRow("dns-ptr", func(to Endpoint, _ *Topology) string { return to.Box.IPv4.String() }, "PTR", false, bothNameLayers),
+	// Whether the name exists at all (found by the attacker): dnsmasq answers AAAA of a name
+	// it holds NOERROR without records and without AA, which the local-answers part cannot
+	// tell from a forwarded answer; a name it does not hold is NXDOMAIN. Only the dnsmasq
+	// options hide existence (no filter that drops can: silence differs from NXDOMAIN too).
+	{Key: "box-box-name/dns-exists", Claim: ClaimBoxBoxName, Kind: "dns-exists", ID: "box-box-name/{from}>{to}/dns-exists",
+		From: FromBoxes, To: ToOtherBoxes, Expect: NoSuchName, Controls: []Control{inetDNS},
+		Holds: Holds{{LayerDNSModeNone, LayerIgnoreNames}},
+		Probe: askGateway(func(to Endpoint, _ *Topology) string { return to.Box.Name }, "AAAA")},
 	{Key: "host-names/dns", Claim: ClaimHostNames, Kind: "dns", ID: "host-names/{from}/{to}", From: FromBoxes, To: ToHostNames, Expect: NoAnswer,
 		Probe:    askGateway(func(to Endpoint, _ *Topology) string { return to.Name }, "A"),
 		Controls: []Control{inetDNS}, Holds: any1(LayerNoHosts, LayerLocalAnswers)},
