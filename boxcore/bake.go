@@ -352,13 +352,13 @@ func (bs *Boxes) Bake(ctx context.Context, o BakeOptions) (BakeResult, error) {
 	}
 	res.Publish = time.Since(t1)
 	progress("alias", "naming image "+shortFP(fp)+" "+st.Alias)
-	if err := bs.moveAlias(ctx, st.Alias, fp); err != nil {
+	if err := bs.Client.PointImageAlias(ctx, st.Alias, fp); err != nil {
 		_ = bs.Client.DeleteImage(context.WithoutCancel(ctx), fp)
-		return res, err
+		return res, fmt.Errorf("bake: %w", err)
 	}
 	if st.Image != nil && st.Image.Fingerprint != fp {
 		res.Replaced = st.Image.Fingerprint
-		res.Removed = bs.deleteUnaliased(ctx, st.Image.Fingerprint)
+		res.Removed, _ = bs.Client.DeleteImageIfUnaliased(ctx, st.Image.Fingerprint)
 	}
 	progress("warm", "unpacking the image into pool "+bs.Stack.Pool+" once, so the first 'new' from it is as quick as the next")
 	bs.warmPool(ctx, fp, b.Config)
@@ -488,34 +488,6 @@ func (bs *Boxes) removeBuilder(name string) {
 	if err := bs.Client.DeleteInstance(ctx, name); err == nil {
 		bs.clearStalePort(name)
 	}
-}
-
-// moveAlias points alias at fp, creating it or moving it there.
-func (bs *Boxes) moveAlias(ctx context.Context, alias, fp string) error {
-	a, err := bs.Client.ImageAlias(ctx, alias)
-	switch {
-	case err == nil && a.Target == fp:
-		return nil
-	case err == nil:
-		if err := bs.Client.DeleteImageAlias(ctx, alias); err != nil && !errors.Is(err, incus.ErrNotFound) {
-			return fmt.Errorf("bake: moving alias %s: %w", alias, err)
-		}
-	case !errors.Is(err, incus.ErrNotFound):
-		return err
-	}
-	if err := bs.Client.CreateImageAlias(ctx, alias, fp); err != nil {
-		return fmt.Errorf("bake: naming the image %s: %w", alias, err)
-	}
-	return nil
-}
-
-// deleteUnaliased deletes an image no alias names any more, and reports whether it did.
-func (bs *Boxes) deleteUnaliased(ctx context.Context, fp string) bool {
-	img, err := bs.Client.Image(ctx, fp)
-	if err != nil || len(img.Aliases) > 0 {
-		return false
-	}
-	return bs.Client.DeleteImage(ctx, fp) == nil
 }
 
 // warmPool makes the daemon unpack the image into the stack's pool now (an instance created

@@ -2,6 +2,7 @@ package incus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -165,4 +166,43 @@ func (c *Client) PublishInstance(ctx context.Context, inst string, o PublishOpti
 		return "", fmt.Errorf("incus: publishing %s finished without a fingerprint", inst)
 	}
 	return fp, nil
+}
+
+// PointImageAlias makes alias name fingerprint: it creates the alias, or moves it there when it
+// names another image (delete and create: the alias is missing for one round trip). An alias
+// that a racing writer just made for the same image is not an error.
+func (c *Client) PointImageAlias(ctx context.Context, alias, fingerprint string) error {
+	switch a, err := c.ImageAlias(ctx, alias); {
+	case err == nil && a.Target == fingerprint:
+		return nil
+	case err == nil:
+		if err := c.DeleteImageAlias(ctx, alias); err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("moving alias %s: %w", alias, err)
+		}
+	case !errors.Is(err, ErrNotFound):
+		return err
+	}
+	if err := c.CreateImageAlias(ctx, alias, fingerprint); err != nil {
+		if errors.Is(err, ErrConflict) {
+			if a, aerr := c.ImageAlias(ctx, alias); aerr == nil && a.Target == fingerprint {
+				return nil
+			}
+		}
+		return fmt.Errorf("aliasing %s: %w", alias, err)
+	}
+	return nil
+}
+
+// DeleteImageIfUnaliased deletes an image that no alias names any more (one an alias was
+// just moved away from), and reports whether it did. An image it cannot read (already gone)
+// is left alone without an error; the error is the delete's.
+func (c *Client) DeleteImageIfUnaliased(ctx context.Context, fingerprint string) (bool, error) {
+	img, err := c.Image(ctx, fingerprint)
+	if err != nil || len(img.Aliases) > 0 {
+		return false, nil
+	}
+	if err := c.DeleteImage(ctx, fingerprint); err != nil {
+		return false, err
+	}
+	return true, nil
 }

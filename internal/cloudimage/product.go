@@ -102,43 +102,19 @@ func BuildAlias(ctx context.Context, c *incus.Client, r Recipe, o AliasOptions, 
 		return res, err
 	}
 	res.Fingerprint, res.ImportTime = fp, time.Since(t0)
-	if err := pointAlias(ctx, c, o.Alias, fp, old.Fingerprint != ""); err != nil {
-		return res, err
+	if err := c.PointImageAlias(ctx, o.Alias, fp); err != nil {
+		return res, fmt.Errorf("cloudimage: %w", err)
 	}
 	fmt.Fprintf(log, "cloudimage: imported %s as %s in %s\n", fp[:12], o.Alias, res.ImportTime.Round(100*time.Millisecond))
 	if old.Fingerprint != "" && old.Fingerprint != fp {
 		res.Replaced = old.Fingerprint
-		if left, err := c.Image(ctx, old.Fingerprint); err == nil && len(left.Aliases) == 0 {
-			if err := c.DeleteImage(ctx, old.Fingerprint); err != nil {
-				fmt.Fprintf(log, "cloudimage: could not delete the replaced image %s: %v\n", old.Fingerprint[:12], err)
-			} else {
-				res.Removed = true
-			}
+		removed, err := c.DeleteImageIfUnaliased(ctx, old.Fingerprint)
+		if err != nil {
+			fmt.Fprintf(log, "cloudimage: could not delete the replaced image %s: %v\n", old.Fingerprint[:12], err)
 		}
+		res.Removed = removed
 	}
 	return res, nil
-}
-
-// pointAlias creates alias → fp, or moves an existing alias there (delete and create: the
-// alias is missing for one round trip; a `new` in that instant is told to build the image).
-func pointAlias(ctx context.Context, c *incus.Client, alias, fp string, exists bool) error {
-	if exists {
-		if a, err := c.ImageAlias(ctx, alias); err == nil && a.Target == fp {
-			return nil
-		}
-		if err := c.DeleteImageAlias(ctx, alias); err != nil && !errors.Is(err, incus.ErrNotFound) {
-			return fmt.Errorf("cloudimage: moving alias %s: %w", alias, err)
-		}
-	}
-	if err := c.CreateImageAlias(ctx, alias, fp); err != nil {
-		if errors.Is(err, incus.ErrConflict) {
-			if a, aerr := c.ImageAlias(ctx, alias); aerr == nil && a.Target == fp {
-				return nil
-			}
-		}
-		return fmt.Errorf("cloudimage: aliasing %s: %w", alias, err)
-	}
-	return nil
 }
 
 // MissingTools is CheckRequirements worded for the product command: what to install.
