@@ -257,18 +257,14 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 		extra = " (and one for the resource rows)"
 	}
 	if err := e.phase(fmt.Sprintf("minting %d %s boxes%s on %s", e.o.Boxes, e.instanceType(), extra, e.o.Stack.Profile), func() error {
-		var err error
-		names := make([]string, e.o.Boxes)
-		for i := range names {
-			names[i] = BoxName(e.run, e.gen, i)
-		}
+		names, res := e.networkBoxNames(), ""
 		if e.wantsResBox() {
-			e.resGen++
-			names = append(names, ResBoxName(e.run, e.resGen))
+			res = e.nextResBoxName()
+			names = append(names, res)
 		}
 		bs, err := e.mint(ctx, names)
 		for _, b := range bs {
-			if e.wantsResBox() && b.Name == ResBoxName(e.run, e.resGen) {
+			if b.Name == res {
 				e.resBox = b
 			} else {
 				e.boxes = append(e.boxes, b)

@@ -162,6 +162,15 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	if resAlongside {
 		go func() { defer close(resDone); e.resourcePhase(ctx, phase, gates) }()
 	}
+	// However the matrix ends, the gates open and a resource phase running alongside has
+	// ended (put its limits back) before it returns.
+	defer func() {
+		endWindow()
+		endNetwork()
+		if resAlongside {
+			<-resDone
+		}
+	}()
 	err = e.window(ctx, phase[WindowReapply], startDHCP)
 	endWindow()
 	// The cache rows once dnsmasq is back from the re-apply (a restart empties its cache),
@@ -171,17 +180,11 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	defer func() { <-cacheDone }()
 	if err != nil {
 		<-dhcpDone
-		endWindow()
-		endNetwork()
-		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
 	e.awaitDAD(ctx)
 	if err := e.undisturbed(ctx, batch); err != nil {
 		<-dhcpDone
-		endWindow()
-		endNetwork()
-		e.awaitResources(resAlongside, resDone)
 		return nil, err
 	}
 	var retry []*Row
@@ -234,6 +237,9 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 // cachePhase: the primes (a sibling asks a name nobody asked) first, then, once a whole
 // second has passed (a cached TTL counts down in seconds), the rows that ask it again.
 func (e *engine) cachePhase(ctx context.Context, rows []*Row) {
+	if len(rows) == 0 {
+		return
+	}
 	var primes, rest []*Row
 	for _, r := range rows {
 		if r.Claim == ClaimControl {
@@ -242,23 +248,12 @@ func (e *engine) cachePhase(ctx context.Context, rows []*Row) {
 			rest = append(rest, r)
 		}
 	}
-	if len(rows) == 0 {
-		return
-	}
 	e.execute(ctx, primes)
 	select {
 	case <-ctx.Done():
 	case <-time.After(1100 * time.Millisecond):
 	}
 	e.execute(ctx, rest)
-}
-
-// awaitResources waits for a resource phase that runs alongside (a matrix cut short must not
-// leave it tightening limits on its own).
-func (e *engine) awaitResources(alongside bool, done <-chan struct{}) {
-	if alongside {
-		<-done
-	}
 }
 
 // undisturbed runs a batch under a watch of nftables: a batch during which another process

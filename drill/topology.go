@@ -54,11 +54,22 @@ func BoxName(run string, gen, i int) string {
 
 // mintBoxes creates the run's network boxes (the gen-th set) through mint.
 func (e *engine) mintBoxes(ctx context.Context) ([]*Box, error) {
+	return e.mint(ctx, e.networkBoxNames())
+}
+
+// networkBoxNames are the names of the gen-th set of network boxes.
+func (e *engine) networkBoxNames() []string {
 	names := make([]string, e.o.Boxes)
 	for i := range names {
 		names[i] = BoxName(e.run, e.gen, i)
 	}
-	return e.mint(ctx, names)
+	return names
+}
+
+// nextResBoxName is the name of the next resource box of the run.
+func (e *engine) nextResBoxName() string {
+	e.resGen++
+	return ResBoxName(e.run, e.resGen)
 }
 
 // ResBoxName is the name of the run's n-th resource box: cbdrill-<run>-r, -r2, ...
@@ -78,8 +89,7 @@ func (e *engine) mintResBox(ctx context.Context) error {
 	if e.resBox != nil {
 		return nil
 	}
-	e.resGen++
-	bs, err := e.mint(ctx, []string{ResBoxName(e.run, e.resGen)})
+	bs, err := e.mint(ctx, []string{e.nextResBoxName()})
 	if len(bs) == 1 {
 		e.resBox = bs[0]
 	}
