@@ -85,7 +85,7 @@ func (c *checker) network(st *StackState) {
 		return
 	}
 	cfg := st.Network.Config
-	want := NetworkConfig(st.Gateway, upstreamServers(cfg["raw.dnsmasq"]), s.ACL)
+	want := NetworkConfig(s.Network, st.Gateway, upstreamServers(cfg["raw.dnsmasq"]), s.ACL, ReapplyMark(cfg["raw.dnsmasq"]))
 	for _, k := range sortedKeys(want) {
 		if k != "raw.dnsmasq" {
 			c.add("network", s.Network+" "+k, want[k], cfg[k])
@@ -95,6 +95,9 @@ func (c *checker) network(st *StackState) {
 	for _, o := range DNSOptions {
 		c.add("network", s.Network+" raw.dnsmasq "+o, "present", presence(slices.Contains(opts, o)))
 	}
+	// Not a layer: where the drill puts its test-domain forwarder without a re-apply.
+	sf := "servers-file=" + ServersFile(s.Network)
+	c.add("network", s.Network+" raw.dnsmasq "+sf, "present", presence(slices.Contains(opts, sf)))
 	c.note("network", s.Network+" upstream resolvers", strings.Join(upstreamServers(cfg["raw.dnsmasq"]), ","))
 }
 

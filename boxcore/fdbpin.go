@@ -190,6 +190,9 @@ func (k Kernel) PinFDB(bridge string, bs []firewall.PortBinding) (changed bool, 
 	}
 	for _, b := range bs {
 		l, err := netlink.LinkByName(b.Port)
+		if err != nil && linkGone(err) {
+			continue // its box stopped meanwhile: nothing to pin
+		}
 		if err != nil {
 			return changed, fmt.Errorf("port %s: %w", b.Port, err)
 		}
@@ -201,7 +204,7 @@ func (k Kernel) PinFDB(bridge string, bs []firewall.PortBinding) (changed bool, 
 		})
 		if !pinned {
 			changed = true
-			if err := netlink.NeighSet(pinNeigh(l.Attrs().Index, b.MAC)); err != nil {
+			if err := netlink.NeighSet(pinNeigh(l.Attrs().Index, b.MAC)); err != nil && !linkMissing(b.Port) {
 				return changed, fmt.Errorf("pinning %s on %s: %w", b.MAC, b.Port, err)
 			}
 		}

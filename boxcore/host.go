@@ -97,7 +97,11 @@ func (h *Host) PlanInit(ctx context.Context, opts InitOptions) (*InitPlan, error
 		return nil, err
 	}
 	p.Upstreams = planUpstreams(st, upstreams)
-	p.networkConfig = NetworkConfig(p.Gateway, p.Upstreams, h.Stack.ACL)
+	mark := "0"
+	if st.Network != nil {
+		mark = ReapplyMark(st.Network.Config["raw.dnsmasq"])
+	}
+	p.networkConfig = NetworkConfig(h.Stack.Network, p.Gateway, p.Upstreams, h.Stack.ACL, mark)
 	h.planIncus(p)
 	if err := h.planKernel(p); err != nil {
 		return nil, err

@@ -69,10 +69,20 @@ func TestParseDNS(t *testing.T) {
 }
 
 func TestNetworkConfigAndRawDNSMasq(t *testing.T) {
-	cfg := NetworkConfig(Gateway(cidr("10.87.0.0/24")), []string{"192.0.2.53"}, "acl", "server=/drill.test/198.18.0.9")
+	cfg := NetworkConfig("net0", Gateway(cidr("10.87.0.0/24")), []string{"192.0.2.53", "/drill.test/198.18.0.9"}, "acl", "r1 3")
 	servers, other := ParseRawDNSMasq(cfg["raw.dnsmasq"])
-	if !slices.Equal(servers, []string{"192.0.2.53", "/drill.test/198.18.0.9"}) || !slices.Equal(other, DNSOptions) {
+	wantOther := append(slices.Clone(DNSOptions), "servers-file="+ServersDir+"/net0.servers", reapplyMarkPrefix+"r1 3")
+	if !slices.Equal(servers, []string{"192.0.2.53", "/drill.test/198.18.0.9"}) || !slices.Equal(other, wantOther) {
 		t.Fatalf("raw.dnsmasq parsed to %v / %v", servers, other)
+	}
+	if m := ReapplyMark(cfg["raw.dnsmasq"]); m != "r1 3" {
+		t.Fatalf("ReapplyMark = %q", m)
+	}
+	if m := ReapplyMark(WithReapplyMark("no-hosts", "x")); m != "x" || ReapplyMark("no-hosts") != "0" {
+		t.Fatalf("WithReapplyMark/ReapplyMark: %q", m)
+	}
+	if again := WithReapplyMark(cfg["raw.dnsmasq"], "r1 4"); strings.Count(again, reapplyMarkPrefix) != 1 || ReapplyMark(again) != "r1 4" {
+		t.Fatalf("WithReapplyMark twice: %q", again)
 	}
 	if got := upstreamServers(cfg["raw.dnsmasq"]); !slices.Equal(got, []string{"192.0.2.53"}) {
 		t.Fatalf("upstreams = %v", got)

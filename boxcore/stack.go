@@ -80,14 +80,15 @@ const NoCache = "cache-size=0"
 // Measured on Incus 6.0.4 in TestDHCPKnownOnly (dhcpknown_test.go).
 const DHCPKnownOnly = "dhcp-ignore=tag:!known"
 
-// NetworkConfig is the desired config of the bridge for a gateway/prefix and upstream resolvers.
-// extraDNSLines are appended to raw.dnsmasq (the drill's temporary test-domain forwarder).
-func NetworkConfig(gateway *net.IPNet, upstreams []string, acl string, extraDNSLines ...string) map[string]string {
+// NetworkConfig is the desired config of a bridge for a gateway/prefix and upstream resolvers.
+// raw.dnsmasq also names the network's servers-file (forwarders set without a re-apply) and
+// ends with the re-apply mark, at mark (the value the network has: see ReapplyMark).
+func NetworkConfig(network string, gateway *net.IPNet, upstreams []string, acl, mark string) map[string]string {
 	lines := append([]string{}, DNSOptions...)
 	for _, u := range upstreams {
 		lines = append(lines, "server="+u)
 	}
-	lines = append(lines, extraDNSLines...)
+	lines = append(lines, "servers-file="+ServersFile(network), reapplyMarkPrefix+mark)
 	return map[string]string{
 		"ipv4.address":                         gateway.String(),
 		"ipv4.nat":                             "true",

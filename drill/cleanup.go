@@ -16,7 +16,7 @@ import (
 
 // Cleanup removes what dead drill runs left: instances carrying the drill tag, decoy
 // namespaces and veths (their routes go with them) by name prefix, and the test-domain
-// forwarder line in any network's raw.dnsmasq. It takes the drill lock, so a live run is
+// forwarder in any network's servers-file (or, left by older versions, raw.dnsmasq). It takes the drill lock, so a live run is
 // never touched (it waits up to 30 s for one to finish).
 func Cleanup(ctx context.Context, c *incus.Client) ([]string, error) {
 	lock, err := acquireLock()
@@ -70,7 +70,16 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 			}
 			done = append(done, "admitted uplinks on "+n.Name+" ("+n.Config[boxcore.UplinksKey]+")")
 		}
-		if !n.Managed || !hasDrillLines(n.Config["raw.dnsmasq"]) {
+		if !n.Managed {
+			continue
+		}
+		if lines, _ := boxcore.ReadServers(n.Name); hasDrillLines(strings.Join(lines, "\n")) {
+			if err := boxcore.LocalKernel().SetServers(n.Name, stripForwarder(strings.Join(lines, "\n"))); err != nil {
+				return done, err
+			}
+			done = append(done, "the test-domain forwarder in "+boxcore.ServersFile(n.Name))
+		}
+		if !hasDrillLines(n.Config["raw.dnsmasq"]) {
 			continue
 		}
 		full, _, err := c.Network(ctx, n.Name)
@@ -123,6 +132,9 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 	for _, n := range nets {
 		if hasDrillLines(n.Config["raw.dnsmasq"]) {
 			out = append(out, "raw.dnsmasq forwarder on "+n.Name)
+		}
+		if lines, _ := boxcore.ReadServers(n.Name); hasDrillLines(strings.Join(lines, "\n")) {
+			out = append(out, "forwarder in "+boxcore.ServersFile(n.Name))
 		}
 		if n.Config[boxcore.UplinksKey] != "" {
 			out = append(out, "admitted uplinks on "+n.Name)

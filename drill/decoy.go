@@ -500,7 +500,8 @@ func ipnet(ip netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(bits, 32)}
 }
 
-// ForwarderLine is the one raw.dnsmasq line a run adds: the test domain, the bridge's own
+// ForwarderLine is the one line a run puts in the network's dnsmasq servers-file
+// (boxcore.ServersFile; no re-apply): the test domain, the bridge's own
 // DNS domain, unqualified names (//) and the bridge subnet's reverse zone go to the decoy
 // resolver, so every name the drill asks about is answered on this machine (never by a
 // real upstream), while dnsmasq still answers first from whatever it holds itself.
@@ -510,16 +511,19 @@ func ForwarderLine(domain string, subnet netip.Prefix, resolver netip.Addr) stri
 	return fmt.Sprintf("server=/%s/%s//%s/%s", TestDomain, domain, rev, resolver)
 }
 
-// WindowLine is the comment line whose change makes Incus re-apply the network for a
-// window: harmless to dnsmasq, unique per window so the write is a real change.
-func WindowLine(run string, gen int) string {
-	return fmt.Sprintf("%s %s window %d", windowLinePrefix, run, gen)
+// WindowMark is the value of the network's re-apply mark (boxcore.WithReapplyMark) that
+// opens a window: a comment to dnsmasq, unique per window so the write is a real change. It
+// stays after the run: changing it back would be a re-apply no flood measures.
+func WindowMark(run string, gen int) string {
+	return fmt.Sprintf("drill %s window %d", run, gen)
 }
 
+// windowLinePrefix started the window comment of older versions, which added it (and the
+// forwarder) to raw.dnsmasq and removed both at the end: cleanup still removes them.
 const windowLinePrefix = "# claudebox-drill"
 
-// IsForwarderLine recognises the drill's lines (of any run): the forwarder and the window
-// comment.
+// IsForwarderLine recognises the drill's lines (of any run): the forwarder, and the window
+// comment older versions left in raw.dnsmasq.
 func IsForwarderLine(l string) bool {
 	l = strings.TrimSpace(l)
 	return strings.HasPrefix(l, "server=/"+TestDomain+"/") || strings.HasPrefix(l, windowLinePrefix+" ")

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -58,32 +59,33 @@ type Options struct {
 
 // engine is one run's state.
 type engine struct {
-	o         Options
-	c         *incus.Client
-	run       string
-	image     string
-	binary    []byte
-	boxes     []*Box
-	gen       int
-	resBox    *Box // the resource rows' own box (nil when none is up)
-	resGen    int  // resource boxes minted so far
-	decoy     *Decoy
-	hostL     *probes.Listeners
-	hostTCP   int
-	hostUDP   int
-	gateway   netip.Prefix
-	domain    string
-	hostNames []string
-	hostAddrs []netip.Addr
-	netBefore *incus.Network
-	forwarder string
-	windowGen int  // how many re-apply windows this run made
-	admitted  bool // the public decoy's side was admitted as an uplink
-	rounds    int  // matrices run so far
-	start     time.Time
-	lock      *os.File
-	host      *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
-	phases    []Phase
+	o          Options
+	c          *incus.Client
+	run        string
+	image      string
+	binary     []byte
+	boxes      []*Box
+	gen        int
+	resBox     *Box // the resource rows' own box (nil when none is up)
+	resGen     int  // resource boxes minted so far
+	decoy      *Decoy
+	hostL      *probes.Listeners
+	hostTCP    int
+	hostUDP    int
+	gateway    netip.Prefix
+	domain     string
+	hostNames  []string
+	hostAddrs  []netip.Addr
+	netBefore  *incus.Network
+	forwarder  string
+	windowGen  int  // how many re-apply windows this run made
+	serversSet bool // the forwarder was written to the network's servers-file
+	admitted   bool // the public decoy's side was admitted as an uplink
+	rounds     int  // matrices run so far
+	start      time.Time
+	lock       *os.File
+	host       *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
+	phases     []Phase
 	// The seeded hole being measured (nil outside the self-test), and the layers of it that
 	// are the drill's own: the resource layers the lab does not tighten while it is open.
 	hole       *Hole
@@ -198,7 +200,10 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	defer func() {
 		tctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		_ = e.phase("teardown", func() error { return e.teardown(tctx) })
+		// A teardown that failed left something behind: the run went wrong, whatever the verdict.
+		if terr := e.phase("teardown", func() error { return e.teardown(tctx) }); terr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", terr))
+		}
 		rep.Phases = e.phases
 		rep.Wall = time.Since(e.start)
 		if err != nil {
@@ -420,27 +425,32 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	if err := e.host.SetAdmittedUplinks(ctx, []string{d.Uplink.HostVeth}); err != nil {
 		return fmt.Errorf("admitting the public decoy as an uplink: %w", err)
 	}
+	// The forwarder goes in the network's servers-file, which dnsmasq re-reads on SIGHUP: no
+	// change to the network, so no re-apply window that no flood measures, now or at the end.
+	if _, other := boxcore.ParseRawDNSMasq(e.netBefore.Config["raw.dnsmasq"]); !slices.Contains(other, "servers-file="+boxcore.ServersFile(e.o.Stack.Network)) {
+		return fmt.Errorf("network %s does not name its dnsmasq servers-file (%s), where the drill puts its test-domain forwarder: run 'claudebox host init' first", e.o.Stack.Network, boxcore.ServersFile(e.o.Stack.Network))
+	}
 	e.forwarder = ForwarderLine(e.domain, e.gateway, d.Public)
-	e.progress("  announce: the bridge's dnsmasq forwards the drill's names to the decoy during the run: raw.dnsmasq += %q (restored afterwards)", e.forwarder)
-	e.progress("  announce: each matrix makes Incus re-apply %s once (a %q comment line), while the boxes flood: the re-apply window rows", e.o.Stack.Network, WindowLine(e.run, 1))
+	e.progress("  announce: the bridge's dnsmasq forwards the drill's names to the decoy during the run: %s holds %q (re-read on SIGHUP, no re-apply; emptied afterwards)", boxcore.ServersFile(e.o.Stack.Network), e.forwarder)
+	e.serversSet = true
+	if err := boxcore.LocalKernel().SetServers(e.o.Stack.Network, []string{e.forwarder}); err != nil {
+		return fmt.Errorf("setting the test-domain forwarder: %w", err)
+	}
+	e.progress("  announce: each matrix makes Incus re-apply %s once (its re-apply mark becomes %q; it stays so), while the boxes flood: the re-apply window rows", e.o.Stack.Network, WindowMark(e.run, 1))
 	return nil
 }
 
-// setDNSLines adds (with a new window comment) or removes the run's raw.dnsmasq lines:
-// every change makes Incus re-apply the network (and restart dnsmasq).
-func (e *engine) setDNSLines(ctx context.Context, on bool) error {
+// reapply makes Incus re-apply the network (and restart dnsmasq) by a new value of its
+// re-apply mark: the run's windows, each opened under the boxes' floods.
+func (e *engine) reapply(ctx context.Context) error {
 	n, _, err := e.c.Network(ctx, e.o.Stack.Network)
 	if err != nil {
 		return err
 	}
-	lines := stripForwarder(n.Config["raw.dnsmasq"])
-	if on {
-		lines = append(lines, e.forwarder, WindowLine(e.run, e.windowGen))
-	}
-	cfg := n.Config
-	cfg["raw.dnsmasq"] = strings.Join(lines, "\n")
+	cfg := maps.Clone(n.Config)
+	cfg["raw.dnsmasq"] = boxcore.WithReapplyMark(n.Config["raw.dnsmasq"], WindowMark(e.run, e.windowGen))
 	if err := boxcore.PutNetworkConfig(ctx, e.c, n.Name, cfg); err != nil {
-		return fmt.Errorf("setting the test-domain forwarder on %s: %w", n.Name, err)
+		return fmt.Errorf("re-applying %s: %w", n.Name, err)
 	}
 	return nil
 }
@@ -467,11 +477,11 @@ func (e *engine) teardown(ctx context.Context) error {
 	} else if len(e.boxes) > 0 {
 		e.progress("  --keep: boxes left running: %s (remove with 'claudebox drill --cleanup')", boxNames(e.boxes))
 	}
-	if e.forwarder != "" && e.windowGen > 0 {
-		if err := e.setDNSLines(ctx, false); err != nil {
-			errs = append(errs, err)
+	if e.serversSet {
+		if err := boxcore.LocalKernel().SetServers(e.o.Stack.Network, nil); err != nil {
+			errs = append(errs, fmt.Errorf("removing the test-domain forwarder: %w", err))
 		} else {
-			e.progress("  restored raw.dnsmasq (forwarder removed)")
+			e.progress("  emptied %s (forwarder removed, no re-apply)", boxcore.ServersFile(e.o.Stack.Network))
 		}
 	}
 	if e.hostL != nil {
@@ -480,6 +490,9 @@ func (e *engine) teardown(ctx context.Context) error {
 	if e.decoy != nil {
 		e.decoy.Down()
 	}
+	// The wall is re-applied once the boxes are gone: an apply while they are being deleted
+	// would bind ports that vanish under it and leave their bindings stale.
+	wg.Wait()
 	if e.admitted {
 		if err := e.host.SetAdmittedUplinks(ctx, nil); err != nil {
 			errs = append(errs, fmt.Errorf("restoring the wall's uplinks: %w", err))
@@ -487,7 +500,6 @@ func (e *engine) teardown(ctx context.Context) error {
 			e.progress("  restored the wall's uplinks")
 		}
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -116,7 +116,7 @@ func (e *engine) soakSteps(ctx context.Context) (done []string, err error) {
 		return nil
 	}
 	for i := 1; i <= e.o.Soak; i++ {
-		if err := step("", func() error { e.windowGen++; return e.setDNSLines(ctx, true) }); err != nil {
+		if err := step("", func() error { e.windowGen++; return e.reapply(ctx) }); err != nil {
 			return done, fmt.Errorf("re-apply %d of %d: %w", i, e.o.Soak, err)
 		}
 	}
@@ -131,8 +131,8 @@ func (e *engine) soakSteps(ctx context.Context) (done []string, err error) {
 	return done, nil
 }
 
-// driftAndRepair detaches the ACL from the network (drift), converges the stack as `host
-// init` does, and puts the run's raw.dnsmasq lines back (init removes them as drift).
+// driftAndRepair detaches the ACL from the network (drift) and converges the stack as `host
+// init` does (the forwarder is in the servers-file, which init leaves alone).
 func (e *engine) driftAndRepair(ctx context.Context) error {
 	n, _, err := e.c.Network(ctx, e.o.Stack.Network)
 	if err != nil {
@@ -146,7 +146,7 @@ func (e *engine) driftAndRepair(ctx context.Context) error {
 	if _, err := boxcore.NewHost(e.c, e.o.Stack).Init(ctx, boxcore.InitOptions{}); err != nil {
 		return fmt.Errorf("host init: %w", err)
 	}
-	return e.setDNSLines(ctx, true)
+	return nil
 }
 
 func (e *engine) startDetached(ctx context.Context, b *Box, rs []*Row) error {

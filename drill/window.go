@@ -39,8 +39,7 @@ func (e *engine) reapplyOutlasted(rows []*Row) bool {
 }
 
 // windowOnce runs the rows of the re-apply window: every flood starts at once, the lab makes
-// Incus re-apply the network WindowLead later (the run's raw.dnsmasq lines, which it needs
-// anyway), and a watcher of nftables generations proves the re-apply began and ended
+// Incus re-apply the network WindowLead later (a new value of its re-apply mark), and a watcher of nftables generations proves the re-apply began and ended
 // inside the floods. Then conntrack is read for flows that got through.
 //
 // afterReapply runs once the re-apply returned (or at once when there is no window); each
@@ -75,7 +74,7 @@ func (e *engine) windowOnce(ctx context.Context, rows []*Row, afterReapply func(
 	case <-ctx.Done():
 	case <-time.After(WindowLead):
 		e.windowGen++
-		reapplyErr = e.setDNSLines(ctx, true)
+		reapplyErr = e.reapply(ctx)
 	}
 	// Incus finishes a re-apply after the PUT returns (the ACL rules come last, dnsmasq
 	// restarts): the window counts only once it has settled, and only if it settled

@@ -1,7 +1,9 @@
 package firewall
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -71,15 +73,20 @@ func SetPortRPFilter(port string, v int) error {
 }
 
 // StrictRPFilter sets rp_filter=1 on every bound port of s whose own value is
-// not 1 already, and reports whether it wrote any.
+// not 1 already, and reports whether it wrote any. A port that is gone (its box was
+// deleted meanwhile) is skipped: it carries nothing, and a new port of that name is
+// bound, and set, when its box starts.
 func StrictRPFilter(s Spec) (changed bool, err error) {
 	for _, p := range s.Ports {
 		_, own, err := PortRPFilter(p.Port)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return changed, err
 		}
 		if own != 1 {
-			if err := SetPortRPFilter(p.Port, 1); err != nil {
+			if err := SetPortRPFilter(p.Port, 1); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return changed, err
 			}
 			changed = true
