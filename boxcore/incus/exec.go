@@ -127,11 +127,16 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 
 	var wg sync.WaitGroup
 	var outErr, errErr error
+	outEnded := make(chan struct{})
+	var outEndedOnce sync.Once
 	wg.Add(1)
-	go func() { defer wg.Done(); outErr = pump(conns[outFD(tty)], stdout) }()
+	go func() {
+		defer wg.Done()
+		outErr = pump(conns[outFD(tty)], stdout, func() { outEndedOnce.Do(func() { close(outEnded) }) })
+	}()
 	if !tty {
 		wg.Add(1)
-		go func() { defer wg.Done(); errErr = pump(conns["2"], stderr) }()
+		go func() { defer wg.Done(); errErr = pump(conns["2"], stderr, func() {}) }()
 	}
 	pumped := make(chan struct{})
 	go func() { wg.Wait(); close(pumped) }()
@@ -151,8 +156,17 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 			done = true
 		case <-ended:
 			// The command has ended: close our side of the data socket; the daemon then
-			// sends what output is left and closes it.
+			// closes it. With a tty that socket carries the output too, and the daemon answers
+			// our close with its own, after which output still in flight is dropped (a quick
+			// command's whole output was lost that way): close only once the daemon has sent
+			// its end-of-output barrier, or after a bound.
 			ended = nil
+			if tty {
+				select {
+				case <-outEnded:
+				case <-time.After(5 * time.Second):
+				}
+			}
 			_ = in.WriteControl(websocket.CloseMessage,
 				websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			go watchdog()
@@ -318,13 +332,19 @@ func outFD(tty bool) string {
 }
 
 // pump copies websocket messages to w until the socket closes. It returns only a write
-// error: the socket closing is the normal end.
-func pump(cn *websocket.Conn, w io.Writer) error {
+// error: the socket closing is the normal end. A text message is the daemon's barrier: the
+// end of what it mirrors onto this socket (Incus sends one, empty, when the command's output
+// reached EOF); pump calls barrier for it.
+func pump(cn *websocket.Conn, w io.Writer, barrier func()) error {
 	var werr error
 	for {
-		_, r, err := cn.NextReader()
+		mt, r, err := cn.NextReader()
 		if err != nil {
 			return werr
+		}
+		if mt == websocket.TextMessage {
+			barrier()
+			continue
 		}
 		if werr == nil {
 			_, werr = io.Copy(w, r)
