@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/claudebox/claudebox/firewall"
 	"io"
 	"maps"
 	"net"
@@ -80,12 +81,18 @@ type engine struct {
 	forwarder  string
 	windowGen  int  // how many re-apply windows this run made
 	serversSet bool // the forwarder was written to the network's servers-file
-	admitted   bool // the public decoy's side was admitted as an uplink
-	rounds     int  // matrices run so far
-	start      time.Time
-	lock       *os.File
-	host       *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
-	phases     []Phase
+
+	// Every re-apply of the network during the run is accounted for: reapplyWatch sees them,
+	// spans say which ones a flood (or a seeded hole) covered.
+	reapplyWatch *firewall.Watcher
+	spansMu      sync.Mutex
+	spans        []reapplySpan
+	admitted     bool // the public decoy's side was admitted as an uplink
+	rounds       int  // matrices run so far
+	start        time.Time
+	lock         *os.File
+	host         *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
+	phases       []Phase
 	// The seeded hole being measured (nil outside the self-test), and the layers of it that
 	// are the drill's own: the resource layers the lab does not tighten while it is open.
 	hole       *Hole
@@ -204,6 +211,13 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		if terr := e.phase("teardown", func() error { return e.teardown(tctx) }); terr != nil {
 			err = errors.Join(err, fmt.Errorf("teardown: %w", terr))
 		}
+		rep.Reapplies = e.countReapplies()
+		if rep.Reapplies.Seen > 0 {
+			e.progress("re-applies of %s during the run: %s", e.o.Stack.Network, rep.Reapplies)
+		}
+		if rep.Reapplies.Unmeasured > 0 {
+			e.progress("WARNING: %d re-apply window(s) of %s opened that no flood measured (another writer changed the network during the run?)", rep.Reapplies.Unmeasured, e.o.Stack.Network)
+		}
 		rep.Phases = e.phases
 		rep.Wall = time.Since(e.start)
 		if err != nil {
@@ -213,6 +227,47 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}()
 	err = e.runAll(ctx, rep)
 	return rep, err
+}
+
+// reapplySpan is a stretch of the run during which a re-apply of the network is expected.
+type reapplySpan struct {
+	from, to time.Time
+	hole     bool // a seeded hole's switch or restore, not a flood
+}
+
+// cover records that f ran under the boxes' floods (hole: a seeded hole's switch or restore).
+func (e *engine) cover(hole bool, f func()) {
+	from := time.Now()
+	f()
+	e.spansMu.Lock()
+	e.spans = append(e.spans, reapplySpan{from: from, to: time.Now(), hole: hole})
+	e.spansMu.Unlock()
+}
+
+// countReapplies stops the run's watch and sorts every re-apply it saw by the span that
+// covered its start.
+func (e *engine) countReapplies() ReapplyCount {
+	var c ReapplyCount
+	if e.reapplyWatch == nil {
+		return c
+	}
+	starts := firewall.ReapplyStarts(e.reapplyWatch.Stop(), e.o.Stack.Network)
+	c.WatchLost = e.reapplyWatch.Lost()
+	e.spansMu.Lock()
+	defer e.spansMu.Unlock()
+	for _, at := range starts {
+		c.Seen++
+		i := slices.IndexFunc(e.spans, func(s reapplySpan) bool { return !at.Before(s.from) && !at.After(s.to) })
+		switch {
+		case i < 0:
+			c.Unmeasured++
+		case e.spans[i].hole:
+			c.SeededHole++
+		default:
+			c.UnderFlood++
+		}
+	}
+	return c
 }
 
 func (e *engine) newReport() *Report {
@@ -238,6 +293,10 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 	}
 	e.printLayers("layer state (read from the kernel before the run)", rep.LayersBefore)
 
+	// From here on every re-apply of the network is accounted for (see countReapplies).
+	if e.reapplyWatch, err = firewall.Watch(); err != nil {
+		return err
+	}
 	// Decoys + forwarder and the probe image in parallel: they do not depend on each other.
 	var imgErr error
 	var wg sync.WaitGroup

@@ -224,9 +224,11 @@ func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Con
 	if len(stackOff) == 0 {
 		return nil, nil // nothing of the stack to switch (or to restore)
 	}
-	err = e.settleAround(ctx, func() (err error) {
-		restore, err = e.host.SwitchOff(ctx, stackOff, e.boxNames())
-		return err
+	e.cover(true, func() {
+		err = e.settleAround(ctx, func() (err error) {
+			restore, err = e.host.SwitchOff(ctx, stackOff, e.boxNames())
+			return err
+		})
 	})
 	if err == nil && h.Restart {
 		err = e.restartBoxes(ctx)
@@ -261,7 +263,7 @@ var rebound = []Layer{LayerNFTBridge, LayerPortBinding, LayerL2Ranges, LayerHost
 func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(context.Context) error) error {
 	var errs []error
 	if restoreLayers != nil {
-		errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) }))
+		e.cover(true, func() { errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) })) })
 		// Until every switched layer reads back on (dnsmasq restarted with its options, the
 		// ports isolated), a fresh box could take a lease from the old dnsmasq and keep a
 		// name it should never have had.

@@ -27,12 +27,34 @@ type Report struct {
 	LayersBefore []LayerState  `json:"layers_before"`
 	Matrix       *Matrix       `json:"matrix,omitempty"`
 	Holes        []*HoleResult `json:"seeded_holes,omitempty"`
+	Reapplies    ReapplyCount  `json:"reapplies"`
 	Phases       []Phase       `json:"phases"`
 	Wall         time.Duration `json:"wall_ns"`
 	WallSeconds  float64       `json:"wall_s"`
 	OK           bool          `json:"ok"`
 	Verdict      string        `json:"verdict"`
 	Error        string        `json:"error,omitempty"`
+}
+
+// ReapplyCount is every re-apply of the network Incus made while the run was on (from the
+// decoys up to the end of teardown), by what covered it. Unmeasured ones are windows nobody
+// flooded: the drill's own must never be one (another writer's can be).
+type ReapplyCount struct {
+	Seen       int `json:"seen"`
+	UnderFlood int `json:"under_flood"` // in a re-apply window or the soak: measured
+	SeededHole int `json:"seeded_hole"` // a self-test hole switching a layer off or back on
+	Unmeasured int `json:"unmeasured"`
+	// WatchLost: times the kernel dropped nftables events during the run (the count may miss
+	// re-applies then).
+	WatchLost int `json:"watch_lost,omitempty"`
+}
+
+func (c ReapplyCount) String() string {
+	s := fmt.Sprintf("%d (%d under the boxes' floods, %d by seeded holes, %d unmeasured)", c.Seen, c.UnderFlood, c.SeededHole, c.Unmeasured)
+	if c.WatchLost > 0 {
+		s += fmt.Sprintf("; the watch lost events %d times, so the count may be short", c.WatchLost)
+	}
+	return s
 }
 
 func (r *Report) finish() {

@@ -53,7 +53,9 @@ func (e *engine) soak(ctx context.Context, rows []*Row) {
 		started[b] = rs
 	}
 	time.Sleep(WindowLead)
-	steps, stepErr := e.soakSteps(ctx)
+	var steps []string
+	var stepErr error
+	e.cover(false, func() { steps, stepErr = e.soakSteps(ctx) })
 	for b, rs := range started {
 		res, err := e.collectDetached(ctx, b, len(rs))
 		if err != nil {

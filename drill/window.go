@@ -20,13 +20,14 @@ import (
 // window runs the re-apply window; when Incus's re-apply outlasted the floods (a loaded
 // host: up to several seconds), it runs them once more, twice as long, before the rows are
 // left check-failed.
-func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) error {
-	err := e.windowOnce(ctx, rows, afterReapply, 1)
+func (e *engine) window(ctx context.Context, rows []*Row, afterReapply func()) (err error) {
+	e.cover(false, func() { err = e.windowOnce(ctx, rows, afterReapply, 1) })
 	if err != nil || !e.reapplyOutlasted(rows) {
 		return err
 	}
 	e.progress("  the re-apply outlasted the flood: once more, twice as long")
-	return e.windowOnce(ctx, rows, func() {}, 2)
+	e.cover(false, func() { err = e.windowOnce(ctx, rows, func() {}, 2) })
+	return err
 }
 
 func (e *engine) reapplyOutlasted(rows []*Row) bool {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 )
 
 // Generation is one nftables ruleset generation the kernel committed: who committed it and
@@ -28,15 +29,52 @@ type Generation struct {
 
 // Watcher records generations until Stop.
 type Watcher struct {
-	mon  *nftables.Monitor
-	mu   sync.Mutex
-	gens []Generation
-	done chan struct{}
+	mu      sync.Mutex
+	mon     *nftables.Monitor
+	stopped bool
+	gens    []Generation
+	lost    int // times the kernel dropped events (the socket overflowed) and the watch resumed
+	done    chan struct{}
 }
 
-// Watch starts recording every generation committed from now on.
+// watchReadBuffer is the monitor socket's receive buffer: a firewall apply commits thousands
+// of rule events at once, and an overflow (ENOBUFS) loses events.
+const watchReadBuffer = 8 << 20
+
+// Watch starts recording every generation committed from now on. When the kernel drops
+// events (its socket overflowed) the watch resumes on a new socket and counts the loss
+// (Lost): what was committed meanwhile is unknown.
 func Watch() (*Watcher, error) {
-	c, err := nftables.New()
+	w := &Watcher{done: make(chan struct{})}
+	ch, err := w.subscribe()
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(w.done)
+		for {
+			w.record(ch)
+			w.mu.Lock()
+			stopped := w.stopped
+			if !stopped {
+				w.lost++
+			}
+			w.mu.Unlock()
+			if stopped {
+				return
+			}
+			if ch, err = w.subscribe(); err != nil {
+				return
+			}
+		}
+	}()
+	return w, nil
+}
+
+func (w *Watcher) subscribe() (chan *nftables.MonitorEvents, error) {
+	c, err := nftables.New(nftables.WithSockOptions(func(nc *netlink.Conn) error {
+		return nc.SetReadBuffer(watchReadBuffer)
+	}))
 	if err != nil {
 		return nil, err
 	}
@@ -45,28 +83,45 @@ func Watch() (*Watcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("watching nftables: %w", err)
 	}
-	w := &Watcher{mon: mon, done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for evs := range ch {
-			g := Generation{At: time.Now()}
-			if evs.GeneratedBy != nil {
-				if gm, ok := evs.GeneratedBy.Data.(*nftables.GenMsg); ok {
-					g.ID, g.TID, g.Comm = gm.ID, gm.ProcPID, gm.ProcComm
-					g.PID = processOf(gm.ProcPID)
-				}
-			}
-			for _, ev := range evs.Changes {
-				if s := describe(ev); s != "" {
-					g.Changes = append(g.Changes, s)
-				}
-			}
-			w.mu.Lock()
-			w.gens = append(w.gens, g)
-			w.mu.Unlock()
+	w.mu.Lock()
+	w.mon = mon
+	stopped := w.stopped
+	w.mu.Unlock()
+	if stopped {
+		_ = mon.Close()
+	}
+	return ch, nil
+}
+
+// record reads one subscription until it ends (Stop, or an error the kernel reported).
+func (w *Watcher) record(ch chan *nftables.MonitorEvents) {
+	for evs := range ch {
+		if evs.GeneratedBy != nil && evs.GeneratedBy.Error != nil {
+			continue // the subscription's last event: the channel closes next
 		}
-	}()
-	return w, nil
+		g := Generation{At: time.Now()}
+		if evs.GeneratedBy != nil {
+			if gm, ok := evs.GeneratedBy.Data.(*nftables.GenMsg); ok {
+				g.ID, g.TID, g.Comm = gm.ID, gm.ProcPID, gm.ProcComm
+				g.PID = processOf(gm.ProcPID)
+			}
+		}
+		for _, ev := range evs.Changes {
+			if s := describe(ev); s != "" {
+				g.Changes = append(g.Changes, s)
+			}
+		}
+		w.mu.Lock()
+		w.gens = append(w.gens, g)
+		w.mu.Unlock()
+	}
+}
+
+// Lost is how many times events were dropped since Watch (0: the record is complete).
+func (w *Watcher) Lost() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lost
 }
 
 // Generations returns what was recorded so far.
@@ -79,7 +134,11 @@ func (w *Watcher) Generations() []Generation {
 // Stop ends the watch and returns every generation recorded; the recording goroutine is
 // gone when it returns.
 func (w *Watcher) Stop() []Generation {
-	_ = w.mon.Close()
+	w.mu.Lock()
+	w.stopped = true
+	mon := w.mon
+	w.mu.Unlock()
+	_ = mon.Close()
 	<-w.done
 	return w.Generations()
 }
@@ -143,6 +202,21 @@ func ReapplyOf(gens []Generation, bridge string) (Reapply, bool) {
 		}
 	}
 	return r, !r.Start.IsZero()
+}
+
+// ReapplyStarts is when each re-apply of bridge's network in gens began: every network update
+// Incus makes deletes the network's chains, fwd.B first (measured on Incus 6.0.4: a raw.dnsmasq
+// change and an ACL detach alike), so each delete of fwd.B is one re-apply.
+func ReapplyStarts(gens []Generation, bridge string) []time.Time {
+	var out []time.Time
+	for _, g := range gens {
+		for _, c := range g.Changes {
+			if c == "delchain inet incus fwd."+bridge {
+				out = append(out, g.At)
+			}
+		}
+	}
+	return out
 }
 
 func describe(ev *nftables.MonitorEvent) string {

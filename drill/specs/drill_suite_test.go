@@ -95,6 +95,13 @@ func declare() {
 		AddReportEntry("verdict", report.Verdict)
 		AddReportEntry("wall", fmt.Sprintf("%.2fs", report.WallSeconds))
 	})
+	It("opened no re-apply window it did not measure", func() {
+		Expect(report).NotTo(BeNil())
+		AddReportEntry("re-applies", report.Reapplies.String())
+		Expect(report.Reapplies.UnderFlood).To(BeNumerically(">=", 1), "no window was measured: %s", report.Reapplies)
+		Expect(report.Reapplies.Unmeasured).To(BeZero(), "%s", report.Reapplies)
+		Expect(report.Reapplies.WatchLost).To(BeZero(), "%s", report.Reapplies)
+	})
 	if report == nil || report.Matrix == nil {
 		return
 	}
