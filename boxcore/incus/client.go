@@ -179,12 +179,24 @@ func (c *Client) raw(ctx context.Context, method, path string, in any, opts *req
 		req.Header.Set("If-Match", opts.etag)
 	}
 	req.Header.Set("User-Agent", "claudebox")
+	start := time.Now()
 	resp, err := c.hc.Do(req)
+	if traceRequests {
+		status := "error"
+		if err == nil {
+			status = resp.Status
+		}
+		fmt.Fprintf(os.Stderr, "incus: %s %s: %s in %.1f ms\n", method, path, status, float64(time.Since(start).Microseconds())/1000)
+	}
 	if err != nil {
 		return nil, c.transportError(ctx, method, path, err)
 	}
 	return resp, nil
 }
+
+// traceRequests (CLAUDEBOX_TRACE set) prints every API request with its status and how long
+// the daemon took to answer it (an operation's wait request: how long the operation ran).
+var traceRequests = os.Getenv("CLAUDEBOX_TRACE") != ""
 
 // transportError maps a failed round trip: context errors stay context errors, a missing or
 // refusing Unix socket becomes *DaemonUnreachableError.
