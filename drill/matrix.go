@@ -201,6 +201,10 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 			r.Retried = true
 		}
 	}
+	// The spoofs move the host's neighbour entries when a hole lets them (an ARP is-at for a
+	// sibling's address): a DNS answer to that sibling then goes to the spoofer. The cache
+	// rows must be over first (a self-test once saw one of them get silence that way).
+	<-cacheDone
 	e.spoofPhase(ctx, phase[WindowSpoof])
 	<-dhcpDone
 	e.leasesIntact(ctx, phase[WindowLeases])
