@@ -186,7 +186,7 @@ func (c *Client) raw(ctx context.Context, method, path string, in any, opts *req
 		if err == nil {
 			status = resp.Status
 		}
-		fmt.Fprintf(os.Stderr, "incus: %s %s: %s in %.1f ms\n", method, path, status, float64(time.Since(start).Microseconds())/1000)
+		fmt.Fprintf(os.Stderr, "incus: +%.3fs %s %s: %s in %.1f ms\n", start.Sub(traceStart).Seconds(), method, path, status, float64(time.Since(start).Microseconds())/1000)
 	}
 	if err != nil {
 		return nil, c.transportError(ctx, method, path, err)
@@ -197,6 +197,9 @@ func (c *Client) raw(ctx context.Context, method, path string, in any, opts *req
 // traceRequests (CLAUDEBOX_TRACE set) prints every API request with its status and how long
 // the daemon took to answer it (an operation's wait request: how long the operation ran).
 var traceRequests = os.Getenv("CLAUDEBOX_TRACE") != ""
+
+// traceStart: trace lines say when each request started, from here (the process's start).
+var traceStart = time.Now()
 
 // transportError maps a failed round trip: context errors stay context errors, a missing or
 // refusing Unix socket becomes *DaemonUnreachableError.
