@@ -96,3 +96,14 @@ func TestNetworkConfigAndRawDNSMasq(t *testing.T) {
 		t.Fatalf("configDiff = %v", d)
 	}
 }
+
+// SetServers takes only server= lines, one per entry: dnsmasq reads nothing else from a
+// servers-file, and a line break would smuggle a second option in. Refused before any write.
+func TestSetServersRefusesOtherLines(t *testing.T) {
+	k := Kernel{Proc: t.TempDir()}
+	for _, bad := range [][]string{{"no-hosts"}, {"server=/x/1.2.3.4\naddress=/y/5.6.7.8"}, {"address=/x/1.2.3.4"}} {
+		if err := k.SetServers("cbt-none", bad); err == nil || !strings.Contains(err.Error(), "only one server=") {
+			t.Errorf("SetServers(%q) = %v", bad, err)
+		}
+	}
+}

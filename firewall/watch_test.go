@@ -103,3 +103,19 @@ func onOtherThread(f func() error) (int, error) {
 	}
 	return 0, fmt.Errorf("no thread but the main one")
 }
+
+// ReapplyStarts counts one re-apply per delete of the network's fwd chain, and only that
+// network's.
+func TestReapplyStarts(t *testing.T) {
+	t0 := time.Now()
+	gens := []Generation{
+		{At: t0, Changes: []string{"delchain inet incus fwd.net0", "delchain inet incus pstrt.net0"}},
+		{At: t0.Add(time.Second), Changes: []string{"newchain inet incus fwd.net0"}},
+		{At: t0.Add(2 * time.Second), Changes: []string{"delchain inet incus fwd.net1"}},
+		{At: t0.Add(3 * time.Second), Changes: []string{"delchain inet incus fwd.net0"}},
+	}
+	got := ReapplyStarts(gens, "net0")
+	if len(got) != 2 || !got[0].Equal(t0) || !got[1].Equal(t0.Add(3*time.Second)) {
+		t.Fatalf("ReapplyStarts = %v", got)
+	}
+}
