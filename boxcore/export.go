@@ -226,7 +226,12 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 		o.AfterCheck()
 	}
 	t1 := time.Now()
-	if err := bs.importTarball(ctx, file, rw); err != nil {
+	if sent, err := bs.importTarball(ctx, file, rw); err != nil {
+		if sent && ctx.Err() != nil {
+			// The daemon had the whole file when the interrupt cut the request: it makes
+			// the instance anyway, a moment later. Wait for that before removing it.
+			bs.awaitImportOf(name)
+		}
 		return nil, m.importFailed(ctx, err)
 	}
 	if o.Timings != nil {
@@ -289,10 +294,12 @@ func (m *minting) importFailed(ctx context.Context, err error) error {
 
 // importTarball streams the rewritten tarball to the daemon and waits for the import. Like
 // create, the wait is cancelled (where the daemon allows) and awaited when ctx ends.
-func (bs *Boxes) importTarball(ctx context.Context, file string, rw *exportRewrite) error {
+//
+// sent reports that the whole file went to the daemon (whatever the error after that).
+func (bs *Boxes) importTarball(ctx context.Context, file string, rw *exportRewrite) (sent bool, err error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer f.Close()
 	pr, pw := io.Pipe()
@@ -305,14 +312,43 @@ func (bs *Boxes) importTarball(ctx context.Context, file string, rw *exportRewri
 	// The upload is cut off with ctx: the daemon then has no complete file and makes nothing.
 	id, err := bs.Client.StartImportInstance(ctx, pr, rw.name, bs.Stack.Pool)
 	pr.CloseWithError(errors.New("import: upload finished"))
-	if werr := <-rerr; werr != nil && err != nil && ctx.Err() == nil {
-		return fmt.Errorf("rewriting the file: %w", werr)
+	werr := <-rerr
+	if werr != nil && err != nil && ctx.Err() == nil {
+		return false, fmt.Errorf("rewriting the file: %w", werr)
 	}
 	if err != nil || id == "" {
-		return err
+		return werr == nil, err
 	}
-	return bs.awaitOrCancel(ctx, id, nil)
+	return true, bs.awaitOrCancel(ctx, id, nil)
 }
+
+// awaitImportOf waits (bounded) for the daemon's import of name that an interrupt cut the
+// request of: until a running operation on the instance has ended, or the instance exists,
+// or a few seconds without either (the daemon made nothing).
+func (bs *Boxes) awaitImportOf(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res := "/1.0/instances/" + name
+	for quiet := time.Now().Add(importSettle); time.Now().Before(quiet); time.Sleep(100 * time.Millisecond) {
+		ops, err := bs.Client.RunningOperations(ctx)
+		if err != nil {
+			return
+		}
+		for _, op := range ops {
+			if slices.Contains(op.Resources["instances"], res) {
+				_, _ = bs.Client.WaitOperation(ctx, op.ID, nil)
+				return
+			}
+		}
+		if _, _, err := bs.Client.Instance(ctx, name); err == nil {
+			return
+		}
+	}
+}
+
+// importSettle bounds the wait for an import the daemon may still start after the request
+// was cut: it stores the upload before it starts the operation.
+const importSettle = 3 * time.Second
 
 // exportFile is what import learnt of a file in its first reading.
 type exportFile struct {

@@ -105,6 +105,15 @@ func (c *Client) WaitOperation(ctx context.Context, id string, progress func(Pro
 	}
 }
 
+// RunningOperations lists the daemon's running operations (GET /1.0/operations, recursion 1).
+func (c *Client) RunningOperations(ctx context.Context) ([]Operation, error) {
+	var byStatus map[string][]Operation
+	if _, err := c.get(ctx, "/1.0/operations?recursion=1", &byStatus); err != nil {
+		return nil, err
+	}
+	return byStatus["running"], nil
+}
+
 // CancelOperation asks the daemon to cancel an operation (DELETE), for those that allow it.
 func (c *Client) CancelOperation(ctx context.Context, id string) error {
 	_, _, err := c.do(ctx, "DELETE", "/1.0/operations/"+esc(id), nil, nil)
