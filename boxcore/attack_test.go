@@ -242,14 +242,7 @@ func TestAttack(t *testing.T) {
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	img := teststack.ProbeImage(t, c)
 	f := &atkFixture{c: c, s: s, h: boxcore.NewHost(c, s)}
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-atk-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-atk")
 	f.a, f.b = nics[0], nics[1]
 	gwc := mustNetwork(t, c, s.Network).Config["ipv4.address"]
 	var err error

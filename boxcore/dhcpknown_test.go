@@ -94,14 +94,7 @@ func TestDHCPKnownOnly(t *testing.T) {
 	s := teststack.New(t, c, "dhcpknown")
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	img := teststack.ProbeImage(t, c)
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-dhcpk-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-dhcpk")
 	a, b := nics[0], nics[1]
 	h := boxcore.NewHost(c, s)
 	requireLayer(t, h, boxcore.LayerDHCPKnown, true)

@@ -413,14 +413,7 @@ func TestDNSAttack(t *testing.T) {
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	img := teststack.ProbeImage(t, c)
 	x := &dnsatk{t: t, up: up, cl: c}
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-dnsatk-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-dnsatk")
 	x.a, x.b = nics[0], nics[1]
 	up.sibling = x.b.name
 	gwc := mustNetwork(t, c, s.Network).Config["ipv4.address"]

@@ -71,14 +71,7 @@ func TestFDBPin(t *testing.T) {
 	h := boxcore.NewHost(c, s)
 	k := boxcore.LocalKernel()
 	img := teststack.ProbeImage(t, c)
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-fdbpin-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-fdbpin")
 	a, b := nics[0], nics[1]
 	t.Logf("a %s %s %s, b %s %s %s", a.veth, a.mac, a.ip, b.veth, b.mac, b.ip)
 	br := s.Network

@@ -244,6 +244,20 @@ type boxNIC struct {
 	ip         net.IP
 }
 
+// mintTwo mints PREFIX-RUN-a and PREFIX-RUN-b from img on bs's stack and returns their NICs.
+func mintTwo(t *testing.T, ctx context.Context, bs *boxcore.Boxes, img, prefix string) []boxNIC {
+	t.Helper()
+	var nics []boxNIC
+	for _, suffix := range []string{"a", "b"} {
+		name := prefix + "-" + testenv.RunID() + "-" + suffix
+		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
+			t.Fatalf("new %s: %v", name, err)
+		}
+		nics = append(nics, nicOf(t, bs.Client, name))
+	}
+	return nics
+}
+
 func nicOf(t *testing.T, c *incus.Client, name string) boxNIC {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -297,14 +311,7 @@ func TestNICFiltering(t *testing.T) {
 	s := teststack.New(t, c, "nicfilter")
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	img := teststack.ProbeImage(t, c)
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-nicf-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-nicf")
 	a, b := nics[0], nics[1]
 	t.Logf("a %s %s %s, b %s %s %s", a.veth, a.mac, a.ip, b.veth, b.mac, b.ip)
 	out, _ := exec.Command("nft", "list", "table", "bridge", "incus").CombinedOutput()

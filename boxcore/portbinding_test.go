@@ -34,14 +34,7 @@ func TestPortBinding(t *testing.T) {
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	h := boxcore.NewHost(c, s)
 	img := teststack.ProbeImage(t, c)
-	var nics []boxNIC
-	for _, suffix := range []string{"a", "b"} {
-		name := "cbt-pbind-" + testenv.RunID() + "-" + suffix
-		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: img, Config: teststack.Tag()}); err != nil {
-			t.Fatalf("new %s: %v", name, err)
-		}
-		nics = append(nics, nicOf(t, c, name))
-	}
+	nics := mintTwo(t, ctx, bs, img, "cbt-pbind")
 	// New binds what it starts.
 	if r := mustCheck(t, h); !r.OK {
 		t.Errorf("after new: drift %+v, want both boxes bound", r.Drift())
