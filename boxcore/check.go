@@ -96,8 +96,7 @@ func (c *checker) network(st *StackState) {
 		c.add("network", s.Network+" raw.dnsmasq "+o, "present", presence(slices.Contains(opts, o)))
 	}
 	// Not a layer: where the drill puts its test-domain forwarder without a re-apply.
-	sf := "servers-file=" + ServersFile(s.Network)
-	c.add("network", s.Network+" raw.dnsmasq "+sf, "present", presence(slices.Contains(opts, sf)))
+	c.add("network", s.Network+" raw.dnsmasq "+ServersFileOption(s.Network), "present", presence(NamesServersFile(cfg["raw.dnsmasq"], s.Network)))
 	c.note("network", s.Network+" upstream resolvers", strings.Join(upstreamServers(cfg["raw.dnsmasq"]), ","))
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -18,6 +19,15 @@ const ServersDir = "/var/lib/claudebox/dnsmasq"
 
 // ServersFile is the servers-file of a network.
 func ServersFile(network string) string { return filepath.Join(ServersDir, network+".servers") }
+
+// ServersFileOption is the raw.dnsmasq line that names a network's servers-file.
+func ServersFileOption(network string) string { return "servers-file=" + ServersFile(network) }
+
+// NamesServersFile reports whether raw (a raw.dnsmasq) names the network's servers-file.
+func NamesServersFile(raw, network string) bool {
+	_, other := ParseRawDNSMasq(raw)
+	return slices.Contains(other, ServersFileOption(network))
+}
 
 // ReadServers reads the forwarder lines of a network's servers-file (none when it is missing).
 func ReadServers(network string) ([]string, error) {

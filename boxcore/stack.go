@@ -88,7 +88,7 @@ func NetworkConfig(network string, gateway *net.IPNet, upstreams []string, acl, 
 	for _, u := range upstreams {
 		lines = append(lines, "server="+u)
 	}
-	lines = append(lines, "servers-file="+ServersFile(network), reapplyMarkPrefix+mark)
+	lines = append(lines, ServersFileOption(network), reapplyMarkPrefix+mark)
 	return map[string]string{
 		"ipv4.address":                         gateway.String(),
 		"ipv4.nat":                             "true",

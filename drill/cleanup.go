@@ -16,8 +16,9 @@ import (
 
 // Cleanup removes what dead drill runs left: instances carrying the drill tag, decoy
 // namespaces and veths (their routes go with them) by name prefix, and the test-domain
-// forwarder in any network's servers-file (or, left by older versions, raw.dnsmasq). It takes the drill lock, so a live run is
-// never touched (it waits up to 30 s for one to finish).
+// forwarder in any network's servers-file (or, left by older versions, raw.dnsmasq). It
+// takes the drill lock, so a live run is never touched (it waits up to 30 s for one to
+// finish).
 func Cleanup(ctx context.Context, c *incus.Client) ([]string, error) {
 	lock, err := acquireLock()
 	if err != nil {
@@ -73,8 +74,8 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 		if !n.Managed {
 			continue
 		}
-		if lines, _ := boxcore.ReadServers(n.Name); hasDrillLines(strings.Join(lines, "\n")) {
-			if err := boxcore.LocalKernel().SetServers(n.Name, stripForwarder(strings.Join(lines, "\n"))); err != nil {
+		if keep, found := drillServers(n.Name); found {
+			if err := boxcore.LocalKernel().SetServers(n.Name, keep); err != nil {
 				return done, err
 			}
 			done = append(done, "the test-domain forwarder in "+boxcore.ServersFile(n.Name))
@@ -133,7 +134,7 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 		if hasDrillLines(n.Config["raw.dnsmasq"]) {
 			out = append(out, "raw.dnsmasq forwarder on "+n.Name)
 		}
-		if lines, _ := boxcore.ReadServers(n.Name); hasDrillLines(strings.Join(lines, "\n")) {
+		if _, found := drillServers(n.Name); found {
 			out = append(out, "forwarder in "+boxcore.ServersFile(n.Name))
 		}
 		if n.Config[boxcore.UplinksKey] != "" {
@@ -152,6 +153,20 @@ const VethAlias = "claudebox-drill decoy"
 
 func isDrillVeth(l netlink.Link) bool {
 	return l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, VethPrefix) && strings.HasPrefix(l.Attrs().Alias, VethAlias)
+}
+
+// drillServers reads a network's servers-file: found when a drill's forwarder is in it, keep
+// the lines that are not a drill's.
+func drillServers(network string) (keep []string, found bool) {
+	lines, _ := boxcore.ReadServers(network)
+	for _, l := range lines {
+		if IsForwarderLine(l) {
+			found = true
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	return keep, found
 }
 
 func hasDrillLines(raw string) bool {

@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/claudebox/claudebox/firewall"
 	"io"
 	"maps"
 	"net"
@@ -28,6 +27,7 @@ import (
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // Options configure a drill run.
@@ -81,18 +81,17 @@ type engine struct {
 	forwarder  string
 	windowGen  int  // how many re-apply windows this run made
 	serversSet bool // the forwarder was written to the network's servers-file
-
+	admitted   bool // the public decoy's side was admitted as an uplink
+	rounds     int  // matrices run so far
+	start      time.Time
+	lock       *os.File
+	host       *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
+	phases     []Phase
 	// Every re-apply of the network during the run is accounted for: reapplyWatch sees them,
 	// spans say which ones a flood (or a seeded hole) covered.
 	reapplyWatch *firewall.Watcher
 	spansMu      sync.Mutex
 	spans        []reapplySpan
-	admitted     bool // the public decoy's side was admitted as an uplink
-	rounds       int  // matrices run so far
-	start        time.Time
-	lock         *os.File
-	host         *boxcore.Host // the stack's layers: read, switched, the decoy admitted as an uplink
-	phases       []Phase
 	// The seeded hole being measured (nil outside the self-test), and the layers of it that
 	// are the drill's own: the resource layers the lab does not tighten while it is open.
 	hole       *Hole
@@ -486,7 +485,7 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	}
 	// The forwarder goes in the network's servers-file, which dnsmasq re-reads on SIGHUP: no
 	// change to the network, so no re-apply window that no flood measures, now or at the end.
-	if _, other := boxcore.ParseRawDNSMasq(e.netBefore.Config["raw.dnsmasq"]); !slices.Contains(other, "servers-file="+boxcore.ServersFile(e.o.Stack.Network)) {
+	if !boxcore.NamesServersFile(e.netBefore.Config["raw.dnsmasq"], e.o.Stack.Network) {
 		return fmt.Errorf("network %s does not name its dnsmasq servers-file (%s), where the drill puts its test-domain forwarder: run 'claudebox host init' first", e.o.Stack.Network, boxcore.ServersFile(e.o.Stack.Network))
 	}
 	e.forwarder = ForwarderLine(e.domain, e.gateway, d.Public)

@@ -40,8 +40,8 @@ func (e *engine) reapplyOutlasted(rows []*Row) bool {
 }
 
 // windowOnce runs the rows of the re-apply window: every flood starts at once, the lab makes
-// Incus re-apply the network WindowLead later (a new value of its re-apply mark), and a watcher of nftables generations proves the re-apply began and ended
-// inside the floods. Then conntrack is read for flows that got through.
+// Incus re-apply the network WindowLead later (a new value of its re-apply mark), and a
+// watcher of nftables generations proves the re-apply began and ended inside the floods. Then conntrack is read for flows that got through.
 //
 // afterReapply runs once the re-apply returned (or at once when there is no window); each
 // flood lasts stretch times its planned duration.
