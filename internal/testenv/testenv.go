@@ -94,7 +94,9 @@ func RequireIncus(t testing.TB) *incus.Client {
 	if err != nil {
 		t.Fatalf("connecting to Incus: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A daemon that is down refuses at once; one that is up but busy (every package's tests
+	// at once on 2 cores) once took over 10 s to answer GET /1.0 in CI: give it a minute.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := c.Server(ctx); err != nil {
 		t.Fatalf("running as root but the Incus daemon does not answer (CI starts it; locally run 'make setup'): %v", err)
