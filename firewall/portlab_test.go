@@ -42,6 +42,12 @@ func newPortLab(t *testing.T) *portLab {
 	t.Helper()
 	l := &portLab{wallLab: newWallLab(t), boxPort: "cbwb1", sibPort: "cbwb2"}
 	l.sib = sideNS(t)
+	// No IPv6 on the sibling: its own router solicitations and MLD reports (sent for a
+	// while after its link comes up) carry its MAC and would re-teach the bridge between
+	// the spoof and the FDB read, hiding the attack's control (a CI run saw exactly that).
+	for _, k := range []string{"all", "default"} {
+		sysctl(t, l.sib, "ipv6/conf/"+k+"/disable_ipv6", "1")
+	}
 	h := handle(t, l.host)
 	br, err := h.LinkByName(l.bridge)
 	must(t, err)
