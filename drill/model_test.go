@@ -407,3 +407,24 @@ func TestHoleAttribution(t *testing.T) {
 		t.Error("the wall alone must not open window/conntrack-in (the guard holds it too)")
 	}
 }
+
+// TestRunnerKilled: only a probe run its box SIGKILLed (exit 137, the memory stress's
+// second OOM kill) makes a stress step run again; another exit or a verdict never does.
+func TestRunnerKilled(t *testing.T) {
+	for _, c := range []struct {
+		outcome  probes.Outcome
+		evidence string
+		want     bool
+	}{
+		{probes.CheckFailed, "cbdrill-x-r: probe run exited 137: ", true},
+		{probes.CheckFailed, "cbdrill-x-r: probe run exited 1: bad spec", false},
+		{probes.CheckFailed, "cbdrill-x-r: probe run exited 1370: ", false},
+		{probes.Refused, "cbdrill-x-r: probe run exited 137: ", false},
+		{probes.Open, "", false},
+	} {
+		r := &Row{Result: probes.Result{Outcome: c.outcome, Evidence: c.evidence}}
+		if got := runnerKilled(r); got != c.want {
+			t.Errorf("runnerKilled(%s, %q) = %v, want %v", c.outcome, c.evidence, got, c.want)
+		}
+	}
+}

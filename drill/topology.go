@@ -314,6 +314,15 @@ func (e *engine) startVMAgent(ctx context.Context, name string) error {
 	return nil
 }
 
+// probeRunExited starts the error of a probe run that ended with a non-zero exit code.
+const probeRunExited = "probe run exited"
+
+// runnerKilled: the row could not run because its box's probe runner was SIGKILLed (exit
+// 128+9), which the memory stress's OOM kills can do (see resourceStep).
+func runnerKilled(r *Row) bool {
+	return r.Result.Outcome == probes.CheckFailed && strings.Contains(r.Result.Evidence, fmt.Sprintf("%s %d:", probeRunExited, 128+9))
+}
+
 // runInBox ships a batch of specs to a box's agent and returns the results in order.
 func (e *engine) runInBox(ctx context.Context, b *Box, specs []probes.Spec) ([]probes.Result, error) {
 	in, err := json.Marshal(specs)
@@ -325,7 +334,7 @@ func (e *engine) runInBox(ctx context.Context, b *Box, specs []probes.Spec) ([]p
 		return nil, fmt.Errorf("%s: probe run: %w", b.Name, err)
 	}
 	if r.ExitCode != 0 {
-		return nil, fmt.Errorf("%s: probe run exited %d: %s", b.Name, r.ExitCode, strings.TrimSpace(string(r.Stderr)))
+		return nil, fmt.Errorf("%s: %s %d: %s", b.Name, probeRunExited, r.ExitCode, strings.TrimSpace(string(r.Stderr)))
 	}
 	var out []probes.Result
 	if err := json.Unmarshal(r.Stdout, &out); err != nil {
