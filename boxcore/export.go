@@ -253,7 +253,7 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 		return nil, m.fail(ctx, "reading", err)
 	}
 	box := &Box{Name: name, Instance: in}
-	if err := m.firstBoot(ctx, box, time.Now()); err != nil {
+	if err := m.firstBoot(ctx, box, time.Now(), m.bindPort(ctx)); err != nil {
 		return nil, err
 	}
 	if err := m.finish(ctx); err != nil {

@@ -109,11 +109,18 @@ func (e *FirstBootError) Error() string {
 // WaitFirstBoot waits for cloud-init to finish in a box, bounded by fb.Timeout. On a VM it
 // first waits for the guest agent (exec fails until it runs).
 func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error {
+	_, err := bs.waitFirstBoot(ctx, b, fb)
+	return err
+}
+
+// waitFirstBoot is WaitFirstBoot that also says whether a template ran (false for a bake
+// and for an image with no cloud-init).
+func (bs *Boxes) waitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) (ran bool, err error) {
 	if fb.Timeout <= 0 {
 		fb.Timeout = DefaultFirstBootTimeout
 	}
 	if fb.Baked {
-		return bs.waitLease(ctx, b.Name, fb.Timeout)
+		return false, bs.waitLease(ctx, b.Name, fb.Timeout)
 	}
 	// The bound is told apart from the caller's context ending (an interrupt): only the
 	// bound is "did not finish within".
@@ -124,29 +131,29 @@ func (bs *Boxes) WaitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) error 
 	if err != nil {
 		if isCommandNotFound(err) {
 			if fb.Required {
-				return Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", b.Instance.Config[TagFrom])
+				return false, Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", b.Instance.Config[TagFrom])
 			}
 			if fb.Warn != nil {
 				fb.Warn(fmt.Sprintf("note: image %s has no cloud-init: %s was minted without its template (no claude user, no Claude Code)", b.Instance.Config[TagFrom], b.Name))
 			}
-			return nil
+			return false, nil
 		}
 		if ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != errBound {
-				return fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, cause)
+				return true, fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, cause)
 			}
-			return bs.firstBootFailure(b.Name, errBound.Error())
+			return true, bs.firstBootFailure(b.Name, errBound.Error())
 		}
-		return fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, err)
+		return true, fmt.Errorf("waiting for cloud-init in %s: %w", b.Name, err)
 	}
 	st, perr := templates.ParseStatus(res.Stdout)
 	switch {
 	case perr != nil:
-		return bs.firstBootFailure(b.Name, fmt.Sprintf("cloud-init status unreadable (exit %d): %v", res.ExitCode, perr))
+		return true, bs.firstBootFailure(b.Name, fmt.Sprintf("cloud-init status unreadable (exit %d): %v", res.ExitCode, perr))
 	case st.Failed():
-		return bs.firstBootFailure(b.Name, st.Summary())
+		return true, bs.firstBootFailure(b.Name, st.Summary())
 	}
-	return nil
+	return true, nil
 }
 
 // firstBootFailure gathers the failing stage and the log tail, with a fresh context: the

@@ -117,13 +117,14 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err := m.start(ctx); err != nil {
 		return nil, err
 	}
+	bound := m.bindPort(ctx)
 	// The box as we made it; no need to ask the daemon what it just told us.
 	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: req.Config, Profiles: req.Profiles, Devices: req.Devices}}
 	launched := time.Now()
 	if o.Timings != nil {
 		o.Timings.Launch = launched.Sub(started)
 	}
-	if err := m.firstBoot(ctx, box, launched); err != nil {
+	if err := m.firstBoot(ctx, box, launched, bound); err != nil {
 		return nil, err
 	}
 	if err := m.finish(ctx); err != nil {
@@ -353,7 +354,7 @@ func (m *minting) createFailed(ctx context.Context, err error) error {
 	return fmt.Errorf("new: creating %s: %w", m.o.Name, err)
 }
 
-// start starts the instance and binds its port.
+// start starts the instance.
 func (m *minting) start(ctx context.Context) error {
 	m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
 	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
@@ -368,25 +369,42 @@ func (m *minting) start(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return m.fail(ctx, "starting", ctx.Err())
 	}
-	if err := m.bs.bindPorts(ctx); err != nil {
-		return m.fail(ctx, "binding the port of", fmt.Errorf("new: %w", err))
-	}
 	return nil
 }
 
-// firstBoot waits for cloud-init when asked to. A failed first boot is cleaned up unless
-// KeepFailed says to keep the box; an interrupt is cleaned up regardless.
-func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) error {
+// bindPort binds the started box's port in the background: the bind (reading the stack,
+// applying nftables) overlaps the first boot's wait. The port is as unbound meanwhile as it
+// was before, and the box is ready only once both are done (firstBoot waits for it).
+func (m *minting) bindPort(ctx context.Context) <-chan error {
+	bound := make(chan error, 1)
+	go func() { bound <- m.bs.bindPorts(ctx) }()
+	return bound
+}
+
+// firstBoot waits for cloud-init when asked to, and for the port's binding. A failed first
+// boot is cleaned up unless KeepFailed says to keep the box; an interrupt and a failed
+// binding are cleaned up regardless.
+func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time, bound <-chan error) error {
 	o := m.o
-	if o.FirstBoot == nil {
+	bindFailed := func() error {
+		if err := <-bound; err != nil {
+			return m.fail(ctx, "binding the port of", fmt.Errorf("new: %w", err))
+		}
 		return nil
+	}
+	if o.FirstBoot == nil {
+		return bindFailed()
 	}
 	text := firstBootText(o.Name, box.Instance.Config[TagTemplate])
 	if o.FirstBoot.Baked {
 		text = "waiting for the lease of " + o.Name + " (from a bake: no first boot to run)"
 	}
 	m.progress(Progress{Stage: "first boot", Percent: -1, Text: text})
-	if err := m.bs.WaitFirstBoot(ctx, box, *o.FirstBoot); err != nil {
+	ran, err := m.bs.waitFirstBoot(ctx, box, *o.FirstBoot)
+	if berr := bindFailed(); berr != nil {
+		return berr
+	}
+	if err != nil {
 		if ctx.Err() != nil || !o.KeepFailed {
 			return m.fail(ctx, "waiting for the first boot of", err)
 		}
@@ -394,7 +412,7 @@ func (m *minting) firstBoot(ctx context.Context, box *Box, launched time.Time) e
 	}
 	if o.Timings != nil {
 		o.Timings.FirstBoot = time.Since(launched)
-		if !o.FirstBoot.Baked { // a bake's install record is the bake's, not this box's
+		if ran { // a bake's install record is the bake's, not this box's; no template, none
 			o.Timings.ClaudeInstall = m.bs.claudeInstallTime(ctx, o.Name)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
+	"golang.org/x/sync/errgroup"
 )
 
 // StackState is the host stack as it is: the Incus objects, and the kernel state that holds
@@ -127,33 +128,37 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 
 func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 	s := h.Stack
-	n, etag, err := h.Client.Network(ctx, s.Network)
-	switch {
-	case err == nil:
+	// Four independent reads, side by side: each costs the daemon 2-14 ms, and every box
+	// start pays for them (the port binding reads the stack).
+	var (
+		n, etag          = incus.Network{}, ""
+		acl, aclTag      = incus.NetworkACL{}, ""
+		prof, profTag    = incus.Profile{}, ""
+		nets             []incus.Network
+		nErr, aErr, pErr error
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { n, etag, nErr = h.Client.Network(gctx, s.Network); return ignoreNotFound(nErr) })
+	g.Go(func() error { acl, aclTag, aErr = h.Client.NetworkACL(gctx, s.ACL); return ignoreNotFound(aErr) })
+	g.Go(func() (err error) {
+		prof, profTag, pErr = h.Client.Profile(gctx, s.Profile)
+		return ignoreNotFound(pErr)
+	})
+	g.Go(func() (err error) { nets, err = h.Client.Networks(gctx); return err })
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if nErr == nil {
 		st.Network, st.ETags.Network = &n, etag
 		if ip, sub, err := net.ParseCIDR(n.Config["ipv4.address"]); err == nil && ip.To4() != nil {
 			st.Gateway = &net.IPNet{IP: ip.To4(), Mask: sub.Mask}
 		}
-	case !errors.Is(err, incus.ErrNotFound):
-		return err
 	}
-	acl, etag, err := h.Client.NetworkACL(ctx, s.ACL)
-	switch {
-	case err == nil:
-		st.ACL, st.ETags.ACL = &acl, etag
-	case !errors.Is(err, incus.ErrNotFound):
-		return err
+	if aErr == nil {
+		st.ACL, st.ETags.ACL = &acl, aclTag
 	}
-	prof, etag, err := h.Client.Profile(ctx, s.Profile)
-	switch {
-	case err == nil:
-		st.Profile, st.ETags.Profile = &prof, etag
-	case !errors.Is(err, incus.ErrNotFound):
-		return err
-	}
-	nets, err := h.Client.Networks(ctx)
-	if err != nil {
-		return err
+	if pErr == nil {
+		st.Profile, st.ETags.Profile = &prof, profTag
 	}
 	for _, o := range nets {
 		if !o.Managed || o.Name == s.Network {
@@ -164,6 +169,14 @@ func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 		}
 	}
 	return nil
+}
+
+// ignoreNotFound: a missing stack object is state to report, not an error.
+func ignoreNotFound(err error) error {
+	if errors.Is(err, incus.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 func (h *Host) readFirewall(st *StackState) error {
