@@ -591,6 +591,55 @@ func TestExecControlBeforeTheCommandStarts(t *testing.T) {
 	}
 }
 
+// A daemon too loaded to answer the control socket's handshake in time has not started the
+// command (it waits for the data sockets): the exec is asked for again, and its output is the
+// second exec's. A stall on every attempt is an error, and the command never ran.
+func TestExecControlStallRetried(t *testing.T) {
+	up := websocket.Upgrader{}
+	for _, stallEvery := range []bool{false, true} {
+		var execs, ran atomic.Int32
+		c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/1.0/instances/x/exec":
+				n := execs.Add(1)
+				id := fmt.Sprintf("ex%d", n)
+				writeJSON(w, 202, async(id, map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+			case "/1.0/operations/ex1/websocket", "/1.0/operations/ex2/websocket", "/1.0/operations/ex3/websocket":
+				if r.URL.Path == "/1.0/operations/ex1/websocket" || stallEvery {
+					time.Sleep(400 * time.Millisecond) // the handshake stalls
+					return
+				}
+				ws, err := up.Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				if r.URL.Query().Get("secret") == "s1" {
+					ran.Add(1)
+					_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
+				}
+				_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+			case "/1.0/operations/ex2/wait", "/1.0/operations/ex3/wait":
+				time.Sleep(50 * time.Millisecond)
+				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
+			default:
+				if r.Method == http.MethodDelete {
+					writeJSON(w, 200, map[string]any{"type": "sync", "status_code": 200})
+					return
+				}
+				writeJSON(w, 404, apiErr(404, "not found"))
+			}
+		})
+		c.SetHandshakeTimeout(100 * time.Millisecond)
+		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
+		switch {
+		case stallEvery && (err == nil || !strings.Contains(err.Error(), "control socket's handshake") || ran.Load() != 0 || execs.Load() != 3):
+			t.Errorf("a stall on every attempt: %v after %d execs, command ran %d times; want an error after 3, never run", err, execs.Load(), ran.Load())
+		case !stallEvery && (err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2):
+			t.Errorf("one stall: %q, %v after %d execs; want ok after 2", r.Stdout, err, execs.Load())
+		}
+	}
+}
+
 // PublishInstance sends an instance source with the properties and compression asked for,
 // returns the operation's fingerprint, and reports a failed publish and a publish that names
 // no image.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -105,6 +106,12 @@ func shellCode(err error) (int, bool) {
 
 func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
 	op, conns, err := c.startExec(ctx, inst, req, tty, width, height)
+	for attempt := 1; err != nil && errors.Is(err, errControlStalled) && attempt < execAttempts && ctx.Err() == nil; attempt++ {
+		// The control socket is connected first and the command starts only once the data
+		// sockets are: it never ran, so it is asked for again (a CI run's daemon, loaded by
+		// the whole suite, took over 10 s to answer one handshake).
+		op, conns, err = c.startExec(ctx, inst, req, tty, width, height)
+	}
 	if err != nil {
 		return -1, err
 	}
@@ -200,6 +207,18 @@ func (w wsConns) closeAll() {
 	}
 }
 
+// errControlStalled: the daemon did not answer the control socket's handshake in time. The
+// command has not started then (it waits for the data sockets, connected after).
+var errControlStalled = errors.New("the daemon did not answer the control socket's handshake")
+
+// execAttempts bounds how often an exec whose control handshake stalled is asked for.
+const execAttempts = 3
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // startExec posts the exec (wait-for-websocket) and connects every websocket it offers.
 func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tty bool, width, height int) (*Operation, wsConns, error) {
 	if len(req.Command) == 0 {
@@ -250,6 +269,9 @@ func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tt
 		if err != nil {
 			conns.closeAll()
 			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
+			if fd == "control" && isTimeout(err) {
+				err = fmt.Errorf("%w: %w", errControlStalled, err)
+			}
 			return nil, nil, fmt.Errorf("incus: exec: connecting fd %s: %w", fd, err)
 		}
 		conns[fd] = cn
