@@ -239,21 +239,23 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 	}
 	t2 := time.Now()
 	if x.typ == "container" {
-		// A fresh machine-id: systemd makes one at the first start, and with it a new DHCP
-		// client id (the exported box's may still be running somewhere).
+		// A new machine-id, and with it a new DHCP client id (the exported box may still
+		// be running somewhere).
 		if err := bs.resetMachineID(ctx, name); err != nil {
 			return nil, m.fail(ctx, "preparing", err)
 		}
 	}
-	if err := m.start(ctx); err != nil {
+	bound, err := m.start(ctx)
+	if err != nil {
 		return nil, err
 	}
 	in, _, err := bs.Client.Instance(ctx, name)
 	if err != nil {
+		<-bound
 		return nil, m.fail(ctx, "reading", err)
 	}
 	box := &Box{Name: name, Instance: in}
-	if err := m.firstBoot(ctx, box, time.Now(), m.bindPort(ctx)); err != nil {
+	if err := m.firstBoot(ctx, box, time.Now(), bound); err != nil {
 		return nil, err
 	}
 	if err := m.finish(ctx); err != nil {

@@ -114,10 +114,10 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err := m.createInstance(ctx, req); err != nil {
 		return nil, err
 	}
-	if err := m.start(ctx); err != nil {
+	bound, err := m.start(ctx)
+	if err != nil {
 		return nil, err
 	}
-	bound := m.bindPort(ctx)
 	// The box as we made it; no need to ask the daemon what it just told us.
 	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: req.Config, Profiles: req.Profiles, Devices: req.Devices}}
 	launched := time.Now()
@@ -327,7 +327,7 @@ func (m *minting) createInstance(ctx context.Context, req incus.InstancesPost) e
 		return m.createFailed(ctx, err)
 	}
 	if m.clone && req.Type == "container" {
-		// Same machine-id, same DHCP client id, same lease: reset it so systemd makes a new one.
+		// Same machine-id, same DHCP client id, same lease: give the clone its own.
 		if err := m.bs.resetMachineID(ctx, m.o.Name); err != nil {
 			return m.fail(ctx, "preparing", err)
 		}
@@ -354,30 +354,54 @@ func (m *minting) createFailed(ctx context.Context, err error) error {
 	return fmt.Errorf("new: creating %s: %w", m.o.Name, err)
 }
 
-// start starts the instance.
-func (m *minting) start(ctx context.Context) error {
+// start starts the instance and binds its port: as soon as the port is on the bridge, while
+// the start is still under way (before the box's init has run), else once it is done. The
+// returned channel gives the binding's outcome; firstBoot waits for it.
+func (m *minting) start(ctx context.Context) (<-chan error, error) {
 	m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
+	m.bs.clearStalePort(m.o.Name)
+	started := make(chan struct{})
+	early := make(chan earlyBind, 1)
+	go func() {
+		ok, err := m.bs.bindStarting(ctx, m.o.Name, started)
+		early <- earlyBind{ok, err}
+	}()
 	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
 	// instance is then removed from a known state rather than mid-start.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-	m.bs.clearStalePort(m.o.Name)
 	err := m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
 	scancel()
+	close(started)
+	if err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
-		return m.fail(ctx, "starting", fmt.Errorf("new: starting %s: %w", m.o.Name, err))
+		<-early // nothing binds behind the cleanup
+		if ctx.Err() != nil {
+			return nil, m.fail(ctx, "starting", ctx.Err())
+		}
+		return nil, m.fail(ctx, "starting", fmt.Errorf("new: starting %s: %w", m.o.Name, err))
 	}
-	if ctx.Err() != nil {
-		return m.fail(ctx, "starting", ctx.Err())
-	}
-	return nil
+	return m.bindAfter(ctx, early), nil
 }
 
-// bindPort binds the started box's port in the background: the bind (reading the stack,
-// applying nftables) overlaps the first boot's wait. The port is as unbound meanwhile as it
-// was before, and the box is ready only once both are done (firstBoot waits for it).
-func (m *minting) bindPort(ctx context.Context) <-chan error {
+// earlyBind is bindStarting's outcome.
+type earlyBind struct {
+	bound bool
+	err   error
+}
+
+// bindAfter gives the outcome of a binding made during the start, or binds now if that one
+// could not cover the box (its address not known yet).
+func (m *minting) bindAfter(ctx context.Context, early <-chan earlyBind) <-chan error {
 	bound := make(chan error, 1)
-	go func() { bound <- m.bs.bindPorts(ctx) }()
+	go func() {
+		e := <-early
+		if e.err == nil && !e.bound {
+			e.err = m.bs.bindPorts(ctx)
+		}
+		bound <- e.err
+	}()
 	return bound
 }
 
@@ -615,7 +639,14 @@ func (bs *Boxes) resetMachineID(ctx context.Context, name string) error {
 		}
 		return fmt.Errorf("new: reading the clone's machine-id: %w", err)
 	}
-	if err := bs.Client.PushFile(ctx, name, "/etc/machine-id", strings.NewReader(""), 0o444, 0, 0); err != nil {
+	// A new random id, not an empty file: an empty one makes systemd treat the boot as the
+	// first (ConditionFirstBoot units, preset-all over what the box's user enabled) and
+	// costs the clone's first start time; a clone is not a first boot.
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	if err := bs.Client.PushFile(ctx, name, "/etc/machine-id", strings.NewReader(hex.EncodeToString(id)+"\n"), 0o444, 0, 0); err != nil {
 		return fmt.Errorf("new: resetting the clone's machine-id: %w", err)
 	}
 	return nil
@@ -704,6 +735,34 @@ func randomToken() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// bindStarting waits until box's port is on the bridge while its start is under way, then
+// binds it with the running boxes' ports. bound is false when the start ended first or the
+// box's address was not known yet: the caller binds again. On a remote daemon the host's own
+// claudebox binds (see bindPorts): nothing is left to do.
+func (bs *Boxes) bindStarting(ctx context.Context, box string, started <-chan struct{}) (bound bool, err error) {
+	if bs.Client.Remote() != "local" {
+		return true, nil
+	}
+	port := HostName(box)
+	for !portOnBridge(port, bs.Stack.Network) {
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-started:
+			return false, nil
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if !bs.HostLocked {
+		unlock, err := LockNetwork(ctx, bs.Stack.Network)
+		if err != nil {
+			return false, err
+		}
+		defer unlock()
+	}
+	return NewHost(bs.Client, bs.Stack).BindStarting(ctx, box)
 }
 
 // bindPorts binds the running boxes' bridge ports to their MAC and address (claudebox's own
