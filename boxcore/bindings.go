@@ -59,6 +59,11 @@ func (h *Host) readBindingsWith(ctx context.Context, st *StackState, starting st
 	}
 	hosts := readDNSMasqHosts(h.Stack.Network)
 	for _, in := range insts {
+		if in.ExpandedDevices["eth0"]["network"] == h.Stack.Network {
+			for _, e := range Exposures(in.Devices) {
+				st.Exposed = append(st.Exposed, e.On.Port())
+			}
+		}
 		if in.Status != "Running" && (starting == "" || in.Name != starting) {
 			continue
 		}

@@ -96,6 +96,9 @@ func offDevice(name string, d map[string]string, s Stack) string {
 	case typ == "nic":
 		return fmt.Sprintf("device %s: a NIC of its own (%s), overriding the stack's %s", name, firstNonEmpty(d["network"], d["parent"], d["nictype"]), s.Network)
 	case typ == "proxy":
+		if _, ok := AsExposure(name, d); ok {
+			return "" // claudebox's own exposure (expose.go): a clone or an import drops it
+		}
 		return fmt.Sprintf("device %s: a proxy device (a path between the host and the box: %s -> %s)", name, d["listen"], d["connect"])
 	}
 	return fmt.Sprintf("device %s: a %s device, which claudebox never adds", name, firstNonEmpty(typ, "typeless"))

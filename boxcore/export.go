@@ -245,6 +245,11 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 			return nil, m.fail(ctx, "preparing", err)
 		}
 	}
+	// An imported box exposes nothing on this host until asked (the exported one's
+	// exposures were its host's).
+	if err := bs.dropExposures(ctx, name); err != nil {
+		return nil, m.fail(ctx, "preparing", err)
+	}
 	bound, err := m.start(ctx)
 	if err != nil {
 		return nil, err

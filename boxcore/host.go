@@ -469,6 +469,7 @@ func (h *Host) firewallSpec(st *StackState, gw *net.IPNet) firewall.Spec {
 	spec := FirewallSpec(h.Stack.Network, gw)
 	spec.Blocked = st.BlockedPrefixes()
 	spec.Ports = st.bindingsIn(gw)
+	spec.Exposed = st.Exposed
 	ups := st.uplinks()
 	// Routes through an interface that is neither an uplink nor the bridge (another bridge, a
 	// VPN, the drill's LAN-side decoy) are other local networks: the wall's uplink rule drops

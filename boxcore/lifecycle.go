@@ -332,6 +332,13 @@ func (m *minting) createInstance(ctx context.Context, req incus.InstancesPost) e
 			return m.fail(ctx, "preparing", err)
 		}
 	}
+	if _, exposed := withoutExposures(req.Devices); m.clone && exposed {
+		// A clone does not inherit its source's exposures: they would listen where the
+		// source's do (and the daemon adds the source's devices back to any request).
+		if err := m.bs.dropExposures(ctx, m.o.Name); err != nil {
+			return m.fail(ctx, "preparing", err)
+		}
+	}
 	if ctx.Err() != nil {
 		return m.fail(ctx, "creating", ctx.Err())
 	}

@@ -44,6 +44,9 @@ type StackState struct {
 	NICs        []NICBinding
 	KernelBound []string
 	NoLLLearn   bool
+	// Exposed are the host ports the exposures of this stack's boxes listen on, running or
+	// not (expose.go): the guard answers them at a loopback address only.
+	Exposed []uint16
 	// FDBPins are the bindable NICs' FDB pins as the kernel holds them, FDBStale the pins no
 	// bindable NIC wants, FDBErr why the bridge's FDB could not be read (see fdbpin.go).
 	FDBPins  []FDBPin

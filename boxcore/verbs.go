@@ -141,6 +141,7 @@ type Info struct {
 	Profiles   []string          `json:"profiles" yaml:"profiles"`
 	Snapshots  []incus.Snapshot  `json:"snapshot_list" yaml:"snapshot_list"`
 	CloneLine  string            `json:"clone_command" yaml:"clone_command"`
+	Exposures  []Exposure        `json:"exposures" yaml:"exposures"`
 }
 
 // Info reads a box's state, addresses, provenance and snapshots.
@@ -158,7 +159,8 @@ func (bs *Boxes) Info(ctx context.Context, b *Box) (Info, error) {
 	for i := range snaps {
 		snaps[i].CreatedAt = snaps[i].CreatedAt.UTC()
 	}
-	info := Info{Summary: summarize(in), Provenance: map[string]string{}, Profiles: in.Profiles, Snapshots: snaps}
+	info := Info{Summary: summarize(in), Provenance: map[string]string{}, Profiles: in.Profiles, Snapshots: snaps,
+		Exposures: Exposures(in.Devices)}
 	for k, v := range in.Config {
 		if strings.HasPrefix(k, "user.claudebox.") && k != tagMint {
 			info.Provenance[strings.TrimPrefix(k, "user.claudebox.")] = v

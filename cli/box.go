@@ -105,6 +105,41 @@ func boxCommands() []Command {
 			},
 		},
 		{
+			Name: "expose", Args: []string{"BOX", "PORT"}, Synopsis: "[--on [ADDR:]HOSTPORT]",
+			Examples: []string{"claudebox expose work 3000", "claudebox expose work 3000 --on 8080", "claudebox expose work 5173 --on 127.0.0.2:5173"},
+			Summary:  "reach a port of a box from this host's loopback (and nowhere else): 127.0.0.1:PORT by default",
+			Pre:      boxPre,
+			Flags:    []cli.Flag{&cli.StringFlag{Name: "on", Usage: "where on the host: HOSTPORT, or ADDR:HOSTPORT with a loopback ADDR (127.0.0.0/8, [::1])"}},
+			Action: func(c *Ctx) error {
+				port, err := boxcore.ParsePort(c.Args[1])
+				if err != nil {
+					return err
+				}
+				on, err := boxcore.ParseExposeOn(c.String("on"), port)
+				if err != nil {
+					return err
+				}
+				e, err := boxes(c).Expose(c.Context.Context, c.Box, port, on)
+				if err == nil {
+					c.Out("%s port %d is on %s (this host only): claudebox unexpose %s %d", c.Box.Name, e.Port, e.On, c.Box.Name, e.Port)
+				}
+				return err
+			},
+		},
+		{
+			Name: "unexpose", Args: []string{"BOX", "PORT"},
+			Examples: []string{"claudebox unexpose work 3000"},
+			Summary:  "stop exposing a port of a box",
+			Pre:      boxPre,
+			Action: func(c *Ctx) error {
+				port, err := boxcore.ParsePort(c.Args[1])
+				if err != nil {
+					return err
+				}
+				return boxes(c).Unexpose(c.Context.Context, c.Box, port)
+			},
+		},
+		{
 			Name: "snapshot", Args: []string{"BOX"}, Optional: []string{"LABEL"},
 			Examples: []string{"claudebox snapshot work", "claudebox snapshot work authed"},
 			Summary:  "checkpoint a box (default label: the time); prints the label",

@@ -147,8 +147,12 @@ func writeInfo(w io.Writer, format string, info boxcore.Info) error {
 		return err
 	}
 	if format == "csv" {
-		return writeCSV(w, append(append([]string{}, listHeader...), "profiles", "clone_command"),
-			[][]string{append(listRow(info.Summary), strings.Join(info.Profiles, " "), info.CloneLine)})
+		var exposed []string
+		for _, e := range info.Exposures {
+			exposed = append(exposed, fmt.Sprintf("%d=%s", e.Port, e.On))
+		}
+		return writeCSV(w, append(append([]string{}, listHeader...), "profiles", "clone_command", "exposures"),
+			[][]string{append(listRow(info.Summary), strings.Join(info.Profiles, " "), info.CloneLine, strings.Join(exposed, " "))})
 	}
 	out := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
 	out("name:      %s", info.Name)
@@ -173,6 +177,14 @@ func writeInfo(w io.Writer, format string, info boxcore.Info) error {
 	out("snapshots: %d", len(info.Snapshots))
 	for _, s := range info.Snapshots {
 		out("  %s  %s", s.Name, rfc3339(s.CreatedAt))
+	}
+	if len(info.Exposures) == 0 {
+		out("exposed:   nothing (claudebox expose %s PORT)", info.Name)
+	} else {
+		out("exposed:   %d (from this host only)", len(info.Exposures))
+		for _, e := range info.Exposures {
+			out("  box port %d on %s", e.Port, e.On)
+		}
 	}
 	out("clone it:  %s", info.CloneLine)
 	return nil

@@ -119,6 +119,10 @@ func TestSummariesAreWhatNftCompiles(t *testing.T) {
 				{Port: "p2", MAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}, IPv4: netip.MustParseAddr("10.77.12.254")},
 			}
 			nftMatchesOurs(t, ns, s)
+			// Exposures.
+			s.Bridge += "e"
+			s.Exposed = []uint16{8080, 3000}
+			nftMatchesOurs(t, ns, s)
 		}
 	}
 }

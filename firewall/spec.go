@@ -65,10 +65,12 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
 // Spec is what the host firewall is derived from.
@@ -90,6 +92,13 @@ type Spec struct {
 	// Ports bind bridge ports to the MAC and IPv4 address the box behind
 	// each may send from (see ports.go). A port not listed is not checked.
 	Ports []PortBinding
+
+	// Exposed are the host TCP ports boxes are exposed on (an Incus proxy
+	// listening on a loopback address): the guard drops a packet to one
+	// unless it is addressed to a loopback address, from anywhere (the LAN,
+	// a box, the host's own other addresses): the second layer beside the
+	// proxy's own loopback listen.
+	Exposed []uint16
 }
 
 // L2Mode selects the bridge-family match for box→box frames.
@@ -338,12 +347,36 @@ func Desired(s Spec) []Rule {
 			l4proto(expr.CmpOpEq, ipprotoUDP), relayPorts(), drop),
 		guardInto(s.Bridge, InboundChain, "nothing routed opens a new flow into a box", ctStateNew(), drop),
 	)
+	rules = append(rules, exposureRules(s)...)
 	rules = append(rules, localAnswersRules(s)...)
 	rules = append(rules, wallRules(s)...)
 	for i := range rules {
 		rules[i].Summary = renderExprs(familyByte(rules[i].Family), rules[i].exprs)
 	}
 	return rules
+}
+
+// exposureRules: an exposed host port answers at a loopback address only. They head the
+// guard's input chain's own rules in no particular place: each is a drop of every packet,
+// whatever its state or interface, so order does not matter.
+func exposureRules(s Spec) []Rule {
+	_, gt := TableNames(s.Bridge)
+	drop := []expr.Any{verdict(expr.VerdictDrop)}
+	var out []Rule
+	for _, p := range slices.Compact(slices.Sorted(slices.Values(s.Exposed))) {
+		in := func(why string, ex ...expr.Any) Rule {
+			return Rule{Table: gt, Family: FamilyInet, Chain: InputChain, Why: why, exprs: ex}
+		}
+		out = append(out,
+			in(fmt.Sprintf("exposure on host port %d: IPv4 only to 127.0.0.0/8", p),
+				cat(nfproto(unix.NFPROTO_IPV4), rawCmp(expr.PayloadBaseNetworkHeader, 16, expr.CmpOpNeq, []byte{127}),
+					l4Dport(ipprotoTCP, p), drop)...),
+			in(fmt.Sprintf("exposure on host port %d: IPv6 only to ::1", p),
+				cat(nfproto(unix.NFPROTO_IPV6), rawCmp(expr.PayloadBaseNetworkHeader, 24, expr.CmpOpNeq, net.IPv6loopback),
+					l4Dport(ipprotoTCP, p), drop)...),
+		)
+	}
+	return out
 }
 
 // relayPorts is `th sport 67 th dport 67` the way nft compiles it: one 32-bit compare.
