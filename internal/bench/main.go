@@ -56,10 +56,23 @@ func main() {
 		func(int) { run("incus", "list", "user.claudebox=1") },
 	), 1.0)
 
-	// incus launch gets exactly the config new gives a box: tags, the default template's
-	// user-data, vendor-data and limits, and the root disk size.
+	tags := launchFlags(image, "")
+	report("new --container", paired(*rounds,
+		func(i int) {
+			run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image)
+		},
+		func(i int) {
+			run("incus", append([]string{"launch", image, fmt.Sprintf("%s-b%d", prefix, i), "--profile", stack.Profile}, tags...)...)
+		},
+	), 1.15)
+}
+
+// launchFlags are the incus launch flags that give an instance exactly the config new gives a
+// box of template (the default when ""): tags, the template's user-data, vendor-data and
+// limits, and the root disk size.
+func launchFlags(image, template string) []string {
 	o := boxcore.NewOptions{Name: "bench", Image: image}
-	tmpl, err := templates.Get("")
+	tmpl, err := templates.Get(template)
 	must(err)
 	cas, err := templates.HostExtraCAs(templates.HostCADir)
 	must(err)
@@ -70,18 +83,11 @@ func main() {
 	for k, v := range o.Config {
 		cfg[k] = v
 	}
-	tags := []string{"-d", "root,size=" + o.Disk}
+	flags := []string{"-d", "root,size=" + o.Disk}
 	for k, v := range cfg {
-		tags = append(tags, "-c", k+"="+v)
+		flags = append(flags, "-c", k+"="+v)
 	}
-	report("new --container", paired(*rounds,
-		func(i int) {
-			run(*bin, "new", "--name", fmt.Sprintf("%s-a%d", prefix, i), "--container", "--image", image)
-		},
-		func(i int) {
-			run("incus", append([]string{"launch", image, fmt.Sprintf("%s-b%d", prefix, i), "--profile", stack.Profile}, tags...)...)
-		},
-	), 1.15)
+	return flags
 }
 
 func paired(n int, a, b func(int)) [2][]time.Duration {
