@@ -19,7 +19,7 @@ import (
 // Incus's forkproxy listens in the host's network namespace and connects from inside the
 // box's, so the traffic never crosses the bridge and the box gains no route to the host.
 // Two layers: the proxy's loopback listen, and the guard's rule (firewall.Spec.Exposed) that
-// drops a packet to the exposed host port unless it is addressed to a loopback address.
+// rejects (a TCP reset) a packet to the exposed host port unless it is addressed to a loopback address.
 //
 // The boundary knows exactly this shape (escape.go): it is the box's own, and a clone or an
 // import drops it (a clone's would fight its source for the same host address).

@@ -1,8 +1,10 @@
 package firewall
 
 import (
+	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,6 +60,10 @@ func TestExposureRules(t *testing.T) {
 		if got := reach(host); got != want {
 			t.Errorf("exposed port %d at %s: reachable %v, want %v", port, host, got, want)
 		}
+	}
+	// Refused (a reset), as when nothing listens there: the port looks closed either way.
+	if _, err := net.DialTimeout("tcp", net.JoinHostPort("10.77.12.1", itoa(port)), 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("exposed port %d at 10.77.12.1: %v, want connection refused", port, err)
 	}
 }
 

@@ -211,6 +211,16 @@ func (r *renderer) expr(e rawExpr) bool {
 		return r.immediate(e.data)
 	case "fib":
 		return r.fib(e.data)
+	case "reject":
+		// A TCP reset only (the exposure rules'): an ICMP reject renders opaque.
+		m, ok := attrs(e.data, unix.NFTA_REJECT_TYPE, unix.NFTA_REJECT_ICMP_CODE)
+		// The kernel dumps a TCP reset without its (meaningless) code.
+		code, hasCode := m[unix.NFTA_REJECT_ICMP_CODE]
+		if typ, ok1 := u32(m[unix.NFTA_REJECT_TYPE]); ok && ok1 && typ == unix.NFT_REJECT_TCP_RST &&
+			(!hasCode || len(code) == 1 && code[0] == 0) {
+			r.tokens = append(r.tokens, "reject with tcp reset")
+			return true
+		}
 	case "masq":
 		// Plain masquerade only: flags or port registers render opaque.
 		if m, ok := attrs(e.data); ok && len(m) == 0 {

@@ -94,7 +94,7 @@ type Spec struct {
 	Ports []PortBinding
 
 	// Exposed are the host TCP ports boxes are exposed on (an Incus proxy
-	// listening on a loopback address): the guard drops a packet to one
+	// listening on a loopback address): the guard rejects (TCP reset) a packet to one
 	// unless it is addressed to a loopback address, from anywhere (the LAN,
 	// a box, the host's own other addresses): the second layer beside the
 	// proxy's own loopback listen.
@@ -356,12 +356,14 @@ func Desired(s Spec) []Rule {
 	return rules
 }
 
-// exposureRules: an exposed host port answers at a loopback address only. They head the
-// guard's input chain's own rules in no particular place: each is a drop of every packet,
-// whatever its state or interface, so order does not matter.
+// exposureRules: an exposed host port answers at a loopback address only. Each rejects every
+// packet to the port not addressed to loopback, whatever its state or interface (the host's
+// own other addresses arrive by lo), so their place in the chain does not matter.
 func exposureRules(s Spec) []Rule {
 	_, gt := TableNames(s.Bridge)
-	drop := []expr.Any{verdict(expr.VerdictDrop)}
+	// A TCP reset, not a drop: what the host says when nothing listens there, so with
+	// either layer in place the port looks the same from outside (closed).
+	reset := []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}
 	var out []Rule
 	for _, p := range slices.Compact(slices.Sorted(slices.Values(s.Exposed))) {
 		in := func(why string, ex ...expr.Any) Rule {
@@ -370,10 +372,10 @@ func exposureRules(s Spec) []Rule {
 		out = append(out,
 			in(fmt.Sprintf("exposure on host port %d: IPv4 only to 127.0.0.0/8", p),
 				cat(nfproto(unix.NFPROTO_IPV4), rawCmp(expr.PayloadBaseNetworkHeader, 16, expr.CmpOpNeq, []byte{127}),
-					l4Dport(ipprotoTCP, p), drop)...),
+					l4Dport(ipprotoTCP, p), reset)...),
 			in(fmt.Sprintf("exposure on host port %d: IPv6 only to ::1", p),
 				cat(nfproto(unix.NFPROTO_IPV6), rawCmp(expr.PayloadBaseNetworkHeader, 24, expr.CmpOpNeq, net.IPv6loopback),
-					l4Dport(ipprotoTCP, p), drop)...),
+					l4Dport(ipprotoTCP, p), reset)...),
 		)
 	}
 	return out
