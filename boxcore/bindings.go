@@ -60,8 +60,19 @@ func (h *Host) readBindingsWith(ctx context.Context, st *StackState, starting st
 	hosts := readDNSMasqHosts(h.Stack.Network)
 	for _, in := range insts {
 		if in.ExpandedDevices["eth0"]["network"] == h.Stack.Network {
-			for _, e := range Exposures(in.Devices) {
-				st.Exposed = append(st.Exposed, e.On.Port())
+			// Every proxy of a box keeps its host port guarded, an exposure or not: one the
+			// escape hatch widened past loopback is exactly what the guard is for.
+			for _, name := range slices.Sorted(maps.Keys(in.Devices)) {
+				d := in.Devices[name]
+				if d["type"] != "proxy" {
+					continue
+				}
+				if port, ok := proxyHostPort(d); ok {
+					st.Exposed = append(st.Exposed, port)
+				}
+				if _, ok := AsExposure(name, d); !ok {
+					st.OddProxies = append(st.OddProxies, fmt.Sprintf("%s %s: listen %s connect %s", in.Name, name, d["listen"], d["connect"]))
+				}
 			}
 		}
 		if in.Status != "Running" && (starting == "" || in.Name != starting) {

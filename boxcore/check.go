@@ -59,6 +59,7 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	c.nftables(st)
 	c.ports(st)
 	c.bindings(st)
+	c.exposures(st)
 	c.fdbPins(st)
 	c.rpFilter(st)
 	c.kernel(st)
@@ -171,6 +172,17 @@ func (c *checker) nftables(st *StackState) {
 }
 
 // ports: every box port isolated, and Incus's anti-spoofing chains in the kernel for it.
+// exposures: every proxy device of a box is an exposure (loopback only); one that is not is
+// drift (its host port stays guarded meanwhile: see readBindings).
+func (c *checker) exposures(st *StackState) {
+	for _, p := range st.OddProxies {
+		c.add("exposures", p, "only claudebox's exposures (loopback)", "a proxy claudebox never makes: remove it (claudebox incus BOX -- config device remove {} DEVICE) or use claudebox expose")
+	}
+	if len(st.OddProxies) == 0 {
+		c.note("exposures", st.Stack.Network, fmt.Sprintf("%d exposed host port(s), each guarded", len(slices.Compact(slices.Sorted(slices.Values(st.Exposed))))))
+	}
+}
+
 func (c *checker) ports(st *StackState) {
 	for _, p := range st.Ports {
 		c.add("port isolation", p.Name, "isolated", isolated(p.Isolated))

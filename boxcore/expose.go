@@ -2,7 +2,7 @@ package boxcore
 
 import (
 	"context"
-	"errors"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"net"
@@ -49,13 +49,28 @@ func AsExposure(name string, d map[string]string) (Exposure, bool) {
 	}
 	lis, _ := strings.CutPrefix(d["listen"], "tcp:")
 	on, err := netip.ParseAddrPort(lis)
-	if err != nil || !on.Addr().IsLoopback() || on.Port() == 0 {
+	if err != nil || !on.Addr().IsLoopback() || on.Addr().Is4In6() || on.Port() == 0 {
 		return Exposure{}, false
 	}
 	if !maps.Equal(d, exposeDevice(uint16(port), on)) {
 		return Exposure{}, false
 	}
 	return Exposure{Device: name, Port: uint16(port), On: on}, true
+}
+
+// proxyHostPort is the host TCP port a proxy device listens on ("tcp:ADDR:PORT"), whatever
+// its address.
+func proxyHostPort(d map[string]string) (uint16, bool) {
+	lis, ok := strings.CutPrefix(d["listen"], "tcp:")
+	if !ok {
+		return 0, false
+	}
+	_, p, err := net.SplitHostPort(lis)
+	if err != nil {
+		return 0, false
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	return uint16(port), err == nil && port > 0
 }
 
 // Exposures lists a box's exposures, by port.
@@ -108,6 +123,9 @@ func ParseExposeOn(on string, port uint16) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(loop, p), nil
 	}
 	ap, err := netip.ParseAddrPort(on)
+	// [::ffff:127.0.0.1] is 127.0.0.1 (Incus listens there): one spelling per address, so
+	// two boxes can never be given the same one.
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	switch {
 	case err != nil:
 		return netip.AddrPort{}, Usagef("expose: --on %q: want HOSTPORT or ADDR:HOSTPORT (e.g. 127.0.0.1:8080 or [::1]:8080)", on)
@@ -125,6 +143,7 @@ func (bs *Boxes) Expose(ctx context.Context, b *Box, port uint16, on netip.AddrP
 	if b.Instance.Type == "virtual-machine" {
 		return Exposure{}, Usagef("expose %s: %s is a VM; exposing a VM's port is not supported yet (use a container box, or forward it with ssh -L)", b.Name, b.Name)
 	}
+	on = netip.AddrPortFrom(on.Addr().Unmap(), on.Port())
 	if !on.Addr().IsLoopback() {
 		return Exposure{}, Usagef("expose %s: %s is not a loopback address", b.Name, on.Addr())
 	}
@@ -145,13 +164,12 @@ func (bs *Boxes) Expose(ctx context.Context, b *Box, port uint16, on netip.AddrP
 	} else if other != "" {
 		return Exposure{}, Usagef("expose %s: %s is taken by an exposure of %s: pick another with --on", b.Name, on, other)
 	}
-	if bs.Client.Remote() == "local" && in.Status == "Running" {
-		// The daemon would say "address already in use" in its own words; say it in ours.
-		l, err := net.Listen("tcp", on.String())
-		if err != nil {
-			return Exposure{}, Usagef("expose %s: %s is in use on this host (%v): pick another with --on", b.Name, on, errors.Unwrap(err))
+	if bs.Client.Remote() == "local" {
+		// A host service on that port, at any address, running box or stopped: the guard's
+		// rule would cut it off from everything but loopback (port 22: the LAN's SSH).
+		if who := listenedPort(on.Port()); who != "" {
+			return Exposure{}, Usagef("expose %s: port %d is in use on this host (%s): pick another with --on", b.Name, on.Port(), who)
 		}
-		_ = l.Close()
 	}
 	e := Exposure{Device: exposePrefix + strconv.Itoa(int(port)), Port: port, On: on}
 	put := in.Writable()
@@ -228,6 +246,66 @@ func (bs *Boxes) dropExposures(ctx context.Context, name string) error {
 func (bs *Boxes) canGuard() error {
 	if bs.Client.Remote() == "local" && os.Geteuid() != 0 {
 		return ErrBindNeedsRoot
+	}
+	return nil
+}
+
+// listenedPort names a TCP socket listening on port on this host, at any address (from
+// /proc/net/tcp and tcp6, the host's network namespace), or "".
+func listenedPort(port uint16) string {
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || fs[3] != "0A" { // 0A: TCP_LISTEN
+				continue
+			}
+			addr, hexPort, ok := strings.Cut(fs[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && uint16(p) == port {
+				return "a listener at " + procAddr(addr) + ":" + strconv.Itoa(int(port))
+			}
+		}
+	}
+	return ""
+}
+
+// procAddr renders /proc/net/tcp's hex address (host byte order per 32-bit word).
+func procAddr(h string) string {
+	b, err := hex.DecodeString(h)
+	if err != nil || (len(b) != 4 && len(b) != 16) {
+		return h
+	}
+	for i := 0; i+4 <= len(b); i += 4 {
+		b[i], b[i+1], b[i+2], b[i+3] = b[i+3], b[i+2], b[i+1], b[i]
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a.Unmap().String()
+}
+
+// keepExposures makes a just-restored (stopped) box's exposures the ones it had before
+// (before: its devices then), whatever the snapshot held.
+func (bs *Boxes) keepExposures(ctx context.Context, name string, before map[string]map[string]string) error {
+	in, etag, err := bs.Client.Instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	devices, _ := withoutExposures(in.Devices)
+	if devices == nil {
+		devices = map[string]map[string]string{}
+	}
+	for _, e := range Exposures(before) {
+		devices[e.Device] = exposeDevice(e.Port, e.On)
+	}
+	if maps.EqualFunc(devices, in.Devices, maps.Equal) {
+		return nil
+	}
+	put := in.Writable()
+	put.Devices = devices
+	if err := bs.Client.UpdateInstance(ctx, name, put, etag); err != nil {
+		return fmt.Errorf("restore %s: keeping its exposures: %w", name, err)
 	}
 	return nil
 }

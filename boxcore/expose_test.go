@@ -3,6 +3,7 @@ package boxcore_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -59,6 +60,7 @@ func TestParseExposeOn(t *testing.T) {
 		{"8080", "127.0.0.1:8080"},
 		{"127.0.0.2:8080", "127.0.0.2:8080"},
 		{"[::1]:8080", "[::1]:8080"},
+		{"[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"}, // one spelling per address
 		{"0.0.0.0:8080", ""},
 		{"10.87.0.1:8080", ""},
 		{"[::]:8080", ""},
@@ -194,6 +196,74 @@ func TestExpose(t *testing.T) {
 	if conn, err := net.DialTimeout("tcp", on.String(), time.Second); err == nil {
 		conn.Close()
 		t.Errorf("%s still answers after unexpose", on)
+	}
+
+	// A snapshot's exposure does not come back with it: the box keeps what it has now (an
+	// imported box's snapshots hold its old host's exposures).
+	if err := bs.Restore(ctx, box, "exposed"); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if now, _, _ := c.Instance(ctx, a); len(boxcore.Exposures(now.Devices)) != 0 || now.Status != "Running" {
+		t.Errorf("after restoring a snapshot taken while exposed: exposures %v, status %s; want none, running", boxcore.Exposures(now.Devices), now.Status)
+	}
+
+	// The escape hatch widens an exposure past loopback: the guard still answers the port
+	// with a reset at every other address, and host check names the proxy.
+	box, _ = boxcore.Resolve(ctx, c, a)
+	if _, err := bs.Expose(ctx, box, probes.DefaultTCPPort, on); err != nil {
+		t.Fatal(err)
+	}
+	in, etag, err := c.Instance(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := in.Writable()
+	put.Devices["expose-7001"]["listen"] = fmt.Sprintf("tcp:0.0.0.0:%d", on.Port())
+	if err := c.UpdateInstance(ctx, a, put, etag); err != nil {
+		t.Fatal(err)
+	}
+	if err := host.BindPorts(ctx); err != nil { // what host init would do: the guard stays
+		t.Fatal(err)
+	}
+	otherAddrs(t, on.Port())
+	rep, err := host.Check(ctx)
+	found := false
+	for _, r := range rep.Drift() {
+		found = found || r.Layer == "exposures" && strings.Contains(r.Item, "0.0.0.0")
+	}
+	if err != nil || !found {
+		t.Errorf("host check with a widened proxy: %v (%v), want an exposures row naming it", rep.Drift(), err)
+	}
+	in, etag, _ = c.Instance(ctx, a)
+	put = in.Writable()
+	delete(put.Devices, "expose-7001")
+	if err := c.UpdateInstance(ctx, a, put, etag); err != nil {
+		t.Fatal(err)
+	}
+
+	// A host service on the port (at any address) is never cut off by an exposure, running
+	// box or stopped.
+	svc, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	cl, _ := boxcore.Resolve(ctx, c, clone)
+	if err := bs.Stop(ctx, cl, true); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ = boxcore.Resolve(ctx, c, clone)
+	svcOn := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(svc.Addr().(*net.TCPAddr).Port))
+	if _, err := bs.Expose(ctx, cl, probes.DefaultTCPPort, svcOn); err == nil || !boxcore.IsUsage(err) {
+		t.Errorf("expose a stopped box on a port a host service listens on: %v, want a usage error", err)
+	}
+
+	// rm takes the box's binding and guard rules with it: the stack is as declared.
+	if err := bs.Remove(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := host.Check(ctx); err != nil || len(rep.Drift()) > 0 {
+		t.Errorf("host check at the end: %v (%v)", rep.Drift(), err)
 	}
 }
 

@@ -780,6 +780,9 @@ func (bs *Boxes) bindPorts(ctx context.Context) error {
 	if bs.Client.Remote() != "local" {
 		return nil
 	}
+	if os.Geteuid() != 0 {
+		return ErrBindNeedsRoot // before the network's lock, which needs root too
+	}
 	if !bs.HostLocked {
 		// A drill holds its network's lock while it has layers switched off: a re-apply now
 		// would undo its seeded hole. Wait for it.

@@ -47,6 +47,9 @@ type StackState struct {
 	// Exposed are the host ports the exposures of this stack's boxes listen on, running or
 	// not (expose.go): the guard answers them at a loopback address only.
 	Exposed []uint16
+	// OddProxies are the stack's boxes' proxy devices that are not exposures (made through
+	// the escape hatch): drift, each named.
+	OddProxies []string
 	// FDBPins are the bindable NICs' FDB pins as the kernel holds them, FDBStale the pins no
 	// bindable NIC wants, FDBErr why the bridge's FDB could not be read (see fdbpin.go).
 	FDBPins  []FDBPin

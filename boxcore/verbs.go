@@ -229,15 +229,37 @@ func (bs *Boxes) Snapshot(ctx context.Context, b *Box, label string) (string, er
 	return label, nil
 }
 
-// Restore rolls a box back to a snapshot.
+// Restore rolls a box back to a snapshot. Exposures are not a snapshot's to give back: the
+// box keeps the ones it has now (an imported box's snapshots still hold its old host's). So a
+// running box is stopped first, restored stopped, given its own exposures back, then started:
+// a snapshot's exposure never listens, not even for the moment a restore restarts the box.
 func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 	if _, err := bs.FindSnapshot(ctx, b, snap); err != nil {
 		return err
 	}
+	in, _, err := bs.Client.Instance(ctx, b.Name)
+	if err != nil {
+		return err
+	}
+	running := in.Status != "Stopped"
+	if running {
+		if err := bs.Client.SetState(ctx, b.Name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+			return err
+		}
+	}
 	if err := bs.Client.RestoreSnapshot(ctx, b.Name, snap); err != nil {
 		return err
 	}
-	// A running box is restarted by the restore: its port is a new one.
+	if err := bs.keepExposures(ctx, b.Name, in.Devices); err != nil {
+		return err
+	}
+	if running {
+		bs.clearStalePort(b.Name)
+		if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {
+			return err
+		}
+	}
+	// The restarted box's port is a new one; the guard follows the exposures.
 	return bs.bindPorts(ctx)
 }
 
@@ -263,14 +285,22 @@ func (bs *Boxes) Rename(ctx context.Context, b *Box, newName string) error {
 	return nil
 }
 
-// Remove deletes a box and its snapshots, stopping it first.
+// Remove deletes a box and its snapshots, stopping it first, then unbinds its port and drops
+// its exposures' guard rules (without root that waits for the next bind or host init: the
+// stale rules only block more).
 func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
 	if b.Instance.Status != "Stopped" {
 		if err := bs.Client.SetState(ctx, b.Name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
 			return err
 		}
 	}
-	return bs.Client.DeleteInstance(ctx, b.Name)
+	if err := bs.Client.DeleteInstance(ctx, b.Name); err != nil {
+		return err
+	}
+	if err := bs.bindPorts(ctx); err != nil && !errors.Is(err, ErrBindNeedsRoot) {
+		return fmt.Errorf("rm %s: the box is gone, but re-binding the ports: %w", b.Name, err)
+	}
+	return nil
 }
 
 // clearStalePort removes a leftover veth carrying the box's fixed port name (HostName): Incus

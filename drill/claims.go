@@ -35,7 +35,7 @@ const (
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.
-var AllLayers = append(slices.Clone(boxcore.SwitchableLayers), ResourceLayers...)
+var AllLayers = append(append(slices.Clone(boxcore.SwitchableLayers), ResourceLayers...), LabLayers...)
 
 // Holds says which layers hold a claim: it holds while ANY term holds, and a term holds
 // only while ALL its layers are in place. {{port-isolation}, {nft-bridge-drop}, {acl, br_netfilter}}
@@ -109,4 +109,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimIPv6, ClaimHostBox, ClaimExposure, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimInternet, ClaimControl}

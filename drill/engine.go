@@ -97,6 +97,11 @@ type engine struct {
 	hole       *Hole
 	holeOff    []Layer
 	diskBefore int64 // the stress box's root, referenced bytes, before the disk fill
+	// The first box's exposure (exposure.go), and the lab's listeners beyond loopback while
+	// its hole is open.
+	exposure   netip.AddrPort
+	exposedBox string
+	beyond     []net.Listener
 }
 
 // Phase is one timed step, for the progress lines and the record.
@@ -333,7 +338,10 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 				e.boxes = append(e.boxes, b)
 			}
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		return e.exposeFirstBox(ctx)
 	}); err != nil {
 		return err
 	}
@@ -360,7 +368,7 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 // topology is what the lab built, for the model to plan on.
 func (e *engine) topology() *Topology {
 	t := &Topology{Boxes: e.boxes, Gateway: e.gateway, Domain: e.domain, HostAddrs: e.hostAddrs, HostNames: e.hostNames,
-		HostTCP: e.hostTCP, HostUDP: e.hostUDP}
+		HostTCP: e.hostTCP, HostUDP: e.hostUDP, Exposure: e.exposure, ExposedBox: e.exposedBox}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged

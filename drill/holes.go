@@ -44,6 +44,7 @@ var Holes = append(singleHoles(),
 	hole("dns.mode=managed + dhcp-ignore-names + local answers removed", LayerDNSModeNone, LayerIgnoreNames, LayerLocalAnswers),
 	hole("no-hosts and local answers removed", LayerNoHosts, LayerLocalAnswers),
 	hole("no-ident and local answers removed", LayerNoIdent, LayerLocalAnswers),
+	hole("exposure beyond loopback + host input guard removed", LayerExposeLoopback, LayerHostGuard),
 )
 
 var holeNames = map[Layer]string{
@@ -55,6 +56,7 @@ var holeNames = map[Layer]string{
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",
 	LayerBoxPids: "box pids limit off", LayerBoxMemory: "box memory limit off", LayerBoxDisk: "box disk quota off",
 	LayerBoxCPU: "box CPU quota off", LayerBoxSubvolDeny: "box subvolume deny off", LayerGuestAPIOff: "guest API on",
+	LayerExposeLoopback: "exposure listening beyond loopback",
 }
 
 func singleHoles() []Hole {
@@ -215,10 +217,15 @@ func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Con
 	e.hole, e.holeOff = &h, nil
 	var stackOff []Layer
 	for _, l := range h.Off {
-		if isResourceLayer(l) {
-			e.holeOff = append(e.holeOff, l) // the lab's own: it does not tighten these
+		if isLabLayer(l) {
+			e.holeOff = append(e.holeOff, l) // the lab's own: it does not tighten these, or opens them itself
 		} else {
 			stackOff = append(stackOff, l)
+		}
+	}
+	if slices.Contains(h.Off, LayerExposeLoopback) {
+		if err := e.openBeyondLoopback(); err != nil {
+			return nil, err
 		}
 	}
 	if len(stackOff) == 0 {
@@ -261,6 +268,7 @@ var rebound = []Layer{LayerNFTBridge, LayerPortBinding, LayerL2Ranges, LayerHost
 // spoof the hole let through would otherwise mislead the next one) — and re-mints the boxes
 // when the hole touched names, addresses, frames or spoofs.
 func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(context.Context) error) error {
+	e.closeBeyondLoopback()
 	var errs []error
 	if restoreLayers != nil {
 		e.cover(true, func() { errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) })) })

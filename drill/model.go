@@ -42,7 +42,8 @@ const (
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
 func (o Outcome) Negative() bool {
-	return o == Dropped || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh || o == NoSuchName
+	// Refused: the exposure rows, where both layers answer as a closed port does.
+	return o == Dropped || o == Refused || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh || o == NoSuchName
 }
 
 // Verdict of a case.
@@ -96,6 +97,10 @@ type Topology struct {
 	// ResBox is the box the resource stresses run on: its own, never a network row's end,
 	// so the stresses run beside the network rows. Nil: no resource rows.
 	ResBox *Box
+	// Exposure is where the first box's listener is exposed on the host's loopback, and
+	// ExposedBox that box (exposure.go). Invalid: no exposure rows (VM boxes).
+	Exposure   netip.AddrPort
+	ExposedBox string
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.
@@ -292,6 +297,11 @@ func (t *Topology) gatewayEnd() Endpoint {
 
 // Observe maps a probe result to the outcome its case compares with its expectation.
 func Observe(c Case, res probes.Result) Outcome {
+	if c.Kind == KindExposed && res.Outcome == probes.Open && !servedBy(c, res) {
+		// The proxy took the connection but the box's listener never greeted through it:
+		// the path to the box is not there.
+		return Refused
+	}
 	switch c.Probe.Kind {
 	case probes.KindDNS:
 		if c.Expected == NoSuchName && res.DNS != nil && res.DNS.Answered {

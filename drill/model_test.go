@@ -37,6 +37,7 @@ func testTopology() *Topology {
 		},
 		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
 		DecoyHostSide: netip.MustParseAddr("198.18.0.253"),
+		Exposure:      netip.MustParseAddrPort("127.0.0.1:45123"), ExposedBox: "a",
 	}
 }
 
@@ -81,6 +82,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
 		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
+		"ctl/exposed": 1, "exposure/host-addr": 2, "exposure/lan": 1,
 		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
 		"res/limits": 4, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,

@@ -435,7 +435,7 @@ var Claims = append([]ClaimRow{
 		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
 		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
-}, resourceClaims...)
+}, append(exposureClaims, resourceClaims...)...)
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, tcp bool, h Holds) ClaimRow {
 	ask := askGateway(name, typ)

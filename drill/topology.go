@@ -412,7 +412,10 @@ func (e *engine) remint(ctx context.Context) error {
 	e.gen++
 	bs, err := e.mintBoxes(ctx)
 	e.boxes = bs
-	return err
+	if err != nil {
+		return err
+	}
+	return e.exposeFirstBox(ctx)
 }
 
 // waitNamesReleased waits (up to namesReleaseWait) until dnsmasq's lease file holds none of
