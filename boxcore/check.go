@@ -171,7 +171,6 @@ func (c *checker) nftables(st *StackState) {
 	}
 }
 
-// ports: every box port isolated, and Incus's anti-spoofing chains in the kernel for it.
 // exposures: every proxy device of a box is an exposure (loopback only); one that is not is
 // drift (its host port stays guarded meanwhile: see readBindings).
 func (c *checker) exposures(st *StackState) {
@@ -183,6 +182,7 @@ func (c *checker) exposures(st *StackState) {
 	}
 }
 
+// ports: every box port isolated, and Incus's anti-spoofing chains in the kernel for it.
 func (c *checker) ports(st *StackState) {
 	for _, p := range st.Ports {
 		c.add("port isolation", p.Name, "isolated", isolated(p.Isolated))

@@ -247,7 +247,7 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 	}
 	// An imported box exposes nothing on this host until asked (the exported one's
 	// exposures were its host's).
-	if err := bs.dropExposures(ctx, name); err != nil {
+	if err := bs.setExposures(ctx, name, nil); err != nil {
 		return nil, m.fail(ctx, "preparing", err)
 	}
 	bound, err := m.start(ctx)

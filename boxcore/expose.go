@@ -225,22 +225,6 @@ func (bs *Boxes) exposedOn(ctx context.Context, on netip.AddrPort) (string, erro
 	return "", nil
 }
 
-// dropExposures removes every exposure from a just-made clone or import, before its first
-// start: it would listen where its source does.
-func (bs *Boxes) dropExposures(ctx context.Context, name string) error {
-	in, etag, err := bs.Client.Instance(ctx, name)
-	if err != nil {
-		return err
-	}
-	devices, dropped := withoutExposures(in.Devices)
-	if !dropped {
-		return nil
-	}
-	put := in.Writable()
-	put.Devices = devices
-	return bs.Client.UpdateInstance(ctx, name, put, etag)
-}
-
 // canGuard: the guard's rule for an exposure is nftables, so on this host's daemon a change
 // needs root, asked before anything changes (a remote host's claudebox keeps its own guard).
 func (bs *Boxes) canGuard() error {
@@ -285,9 +269,10 @@ func procAddr(h string) string {
 	return a.Unmap().String()
 }
 
-// keepExposures makes a just-restored (stopped) box's exposures the ones it had before
-// (before: its devices then), whatever the snapshot held.
-func (bs *Boxes) keepExposures(ctx context.Context, name string, before map[string]map[string]string) error {
+// setExposures makes a stopped box's exposures exactly keep, whatever it holds now: none for
+// a just-made clone or import (theirs would listen where the source's do), the ones it had
+// before for a just-restored box (a snapshot's are not its to give back).
+func (bs *Boxes) setExposures(ctx context.Context, name string, keep []Exposure) error {
 	in, etag, err := bs.Client.Instance(ctx, name)
 	if err != nil {
 		return err
@@ -296,7 +281,7 @@ func (bs *Boxes) keepExposures(ctx context.Context, name string, before map[stri
 	if devices == nil {
 		devices = map[string]map[string]string{}
 	}
-	for _, e := range Exposures(before) {
+	for _, e := range keep {
 		devices[e.Device] = exposeDevice(e.Port, e.On)
 	}
 	if maps.EqualFunc(devices, in.Devices, maps.Equal) {
@@ -305,7 +290,7 @@ func (bs *Boxes) keepExposures(ctx context.Context, name string, before map[stri
 	put := in.Writable()
 	put.Devices = devices
 	if err := bs.Client.UpdateInstance(ctx, name, put, etag); err != nil {
-		return fmt.Errorf("restore %s: keeping its exposures: %w", name, err)
+		return fmt.Errorf("%s's exposures: %w", name, err)
 	}
 	return nil
 }

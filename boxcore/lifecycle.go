@@ -335,7 +335,7 @@ func (m *minting) createInstance(ctx context.Context, req incus.InstancesPost) e
 	if _, exposed := withoutExposures(req.Devices); m.clone && exposed {
 		// A clone does not inherit its source's exposures: they would listen where the
 		// source's do (and the daemon adds the source's devices back to any request).
-		if err := m.bs.dropExposures(ctx, m.o.Name); err != nil {
+		if err := m.bs.setExposures(ctx, m.o.Name, nil); err != nil {
 			return m.fail(ctx, "preparing", err)
 		}
 	}

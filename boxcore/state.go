@@ -146,10 +146,7 @@ func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { n, etag, nErr = h.Client.Network(gctx, s.Network); return ignoreNotFound(nErr) })
 	g.Go(func() error { acl, aclTag, aErr = h.Client.NetworkACL(gctx, s.ACL); return ignoreNotFound(aErr) })
-	g.Go(func() (err error) {
-		prof, profTag, pErr = h.Client.Profile(gctx, s.Profile)
-		return ignoreNotFound(pErr)
-	})
+	g.Go(func() error { prof, profTag, pErr = h.Client.Profile(gctx, s.Profile); return ignoreNotFound(pErr) })
 	g.Go(func() (err error) { nets, err = h.Client.Networks(gctx); return err })
 	if err := g.Wait(); err != nil {
 		return err

@@ -197,6 +197,15 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	return bs.bindPorts(ctx)
 }
 
+// kill stops a running box at once (restore and rm discard its state anyway); one that
+// stopped meanwhile is no error.
+func (bs *Boxes) kill(ctx context.Context, name string) error {
+	if err := bs.Client.SetState(ctx, name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+		return err
+	}
+	return nil
+}
+
 // Stop stops a box; force kills it instead of a clean shutdown.
 func (bs *Boxes) Stop(ctx context.Context, b *Box, force bool) error {
 	if b.Instance.Status == "Stopped" {
@@ -243,14 +252,14 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 	}
 	running := in.Status != "Stopped"
 	if running {
-		if err := bs.Client.SetState(ctx, b.Name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+		if err := bs.kill(ctx, b.Name); err != nil {
 			return err
 		}
 	}
 	if err := bs.Client.RestoreSnapshot(ctx, b.Name, snap); err != nil {
 		return err
 	}
-	if err := bs.keepExposures(ctx, b.Name, in.Devices); err != nil {
+	if err := bs.setExposures(ctx, b.Name, Exposures(in.Devices)); err != nil {
 		return err
 	}
 	if running {
@@ -290,7 +299,7 @@ func (bs *Boxes) Rename(ctx context.Context, b *Box, newName string) error {
 // stale rules only block more).
 func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
 	if b.Instance.Status != "Stopped" {
-		if err := bs.Client.SetState(ctx, b.Name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+		if err := bs.kill(ctx, b.Name); err != nil {
 			return err
 		}
 	}
