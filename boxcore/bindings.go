@@ -39,12 +39,6 @@ type NICBinding struct {
 // ipv4.address; else the address the instance state shows). Only ports the kernel has on the
 // bridge are bound: a name on another bridge must never be matched.
 func (h *Host) readBindings(ctx context.Context, st *StackState) error {
-	return h.readBindingsWith(ctx, st, "")
-}
-
-// readBindingsWith is readBindings that also counts box starting as running: its start is
-// under way, its port already on the bridge.
-func (h *Host) readBindingsWith(ctx context.Context, st *StackState, starting string) error {
 	insts, err := h.Client.Instances(ctx, nil, false)
 	if err != nil {
 		return err
@@ -75,7 +69,7 @@ func (h *Host) readBindingsWith(ctx context.Context, st *StackState, starting st
 				}
 			}
 		}
-		if in.Status != "Running" && (starting == "" || in.Name != starting) {
+		if in.Status != "Running" {
 			continue
 		}
 		for _, dev := range slices.Sorted(maps.Keys(in.ExpandedDevices)) {
@@ -263,48 +257,30 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 // box runs: until then its port is unbound (Incus's NIC filtering still holds it). It needs
 // root (nftables), like host init; a box verb run without root gets ErrBindNeedsRoot.
 func (h *Host) BindPorts(ctx context.Context) error {
-	_, err := h.bindPorts(ctx, "")
-	return err
-}
-
-// BindStarting is BindPorts while box is starting: box counts as running, and bound says
-// whether its NIC got its binding (false while its port or address is not known yet; the
-// caller then binds again once the start is done).
-func (h *Host) BindStarting(ctx context.Context, box string) (bound bool, err error) {
-	return h.bindPorts(ctx, box)
-}
-
-func (h *Host) bindPorts(ctx context.Context, starting string) (bool, error) {
 	if os.Geteuid() != 0 {
-		return false, ErrBindNeedsRoot
+		return ErrBindNeedsRoot
 	}
 	// One read-then-apply at a time on this host: two boxes starting at once must not have
 	// the later apply carry the earlier (staler) read and unbind the other's port.
 	unlock, err := lockFile(ctx, bindLockPath, HostLockWait)
 	if err != nil {
-		return false, err
+		return err
 	}
 	defer unlock()
 	st := &StackState{Stack: h.Stack}
 	if err := h.readIncus(ctx, st); err != nil {
-		return false, err
+		return err
 	}
 	if st.Network == nil || st.Gateway == nil {
-		return false, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
+		return &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
-	if err := h.readBindingsWith(ctx, st, starting); err != nil {
-		return false, fmt.Errorf("reading port bindings: %w", err)
+	if err := h.readBindings(ctx, st); err != nil {
+		return fmt.Errorf("reading port bindings: %w", err)
 	}
 	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
-		return false, fmt.Errorf("binding ports: %w", err)
+		return fmt.Errorf("binding ports: %w", err)
 	}
-	bound := false
-	for _, n := range st.NICs {
-		if n.Box == starting && n.Problem == "" {
-			bound = true
-		}
-	}
-	return bound, nil
+	return nil
 }
 
 // ErrBindNeedsRoot: the port bindings are nftables rules; without root they cannot be applied.

@@ -273,12 +273,6 @@ func pinNeigh(port int, mac net.HardwareAddr) *netlink.Neigh {
 		State: netlink.NUD_NOARP, Flags: netlink.NTF_MASTER | netlink.NTF_STICKY}
 }
 
-// portOnBridge: the link named port exists and is a port of bridge.
-func portOnBridge(port, bridge string) bool {
-	l, err := netlink.LinkByName(port)
-	return err == nil && onBridge(l, bridge)
-}
-
 func onBridge(l netlink.Link, bridge string) bool {
 	br, err := netlink.LinkByName(bridge)
 	return err == nil && l.Attrs().MasterIndex == br.Attrs().Index

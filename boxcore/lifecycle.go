@@ -361,55 +361,27 @@ func (m *minting) createFailed(ctx context.Context, err error) error {
 	return fmt.Errorf("new: creating %s: %w", m.o.Name, err)
 }
 
-// start starts the instance and binds its port: as soon as the port is on the bridge, while
-// the start is still under way (before the box's init has run), else once it is done. The
-// returned channel gives the binding's outcome; firstBoot waits for it.
+// start starts the instance, then binds its port in the background: the bind overlaps the
+// first boot's wait, and firstBoot waits for its outcome on the returned channel. (Binding
+// while the start was still under way made a start fail once in a purged CI run: LXC's
+// pre-start hook timed out after 30 s while the bind read the starting instance's state.)
 func (m *minting) start(ctx context.Context) (<-chan error, error) {
 	m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
-	m.bs.clearStalePort(m.o.Name)
-	started := make(chan struct{})
-	early := make(chan earlyBind, 1)
-	go func() {
-		ok, err := m.bs.bindStarting(ctx, m.o.Name, started)
-		early <- earlyBind{ok, err}
-	}()
 	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
 	// instance is then removed from a known state rather than mid-start.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	m.bs.clearStalePort(m.o.Name)
 	err := m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
 	scancel()
-	close(started)
-	if err == nil {
-		err = ctx.Err()
-	}
 	if err != nil {
-		<-early // nothing binds behind the cleanup
-		if ctx.Err() != nil {
-			return nil, m.fail(ctx, "starting", ctx.Err())
-		}
 		return nil, m.fail(ctx, "starting", fmt.Errorf("new: starting %s: %w", m.o.Name, err))
 	}
-	return m.bindAfter(ctx, early), nil
-}
-
-// earlyBind is bindStarting's outcome.
-type earlyBind struct {
-	bound bool
-	err   error
-}
-
-// bindAfter gives the outcome of a binding made during the start, or binds now if that one
-// could not cover the box (its address not known yet).
-func (m *minting) bindAfter(ctx context.Context, early <-chan earlyBind) <-chan error {
+	if ctx.Err() != nil {
+		return nil, m.fail(ctx, "starting", ctx.Err())
+	}
 	bound := make(chan error, 1)
-	go func() {
-		e := <-early
-		if e.err == nil && !e.bound {
-			e.err = m.bs.bindPorts(ctx)
-		}
-		bound <- e.err
-	}()
-	return bound
+	go func() { bound <- m.bs.bindPorts(ctx) }()
+	return bound, nil
 }
 
 // firstBoot waits for cloud-init when asked to, and for the port's binding. A failed first
@@ -742,34 +714,6 @@ func randomToken() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// bindStarting waits until box's port is on the bridge while its start is under way, then
-// binds it with the running boxes' ports. bound is false when the start ended first or the
-// box's address was not known yet: the caller binds again. On a remote daemon the host's own
-// claudebox binds (see bindPorts): nothing is left to do.
-func (bs *Boxes) bindStarting(ctx context.Context, box string, started <-chan struct{}) (bound bool, err error) {
-	if bs.Client.Remote() != "local" {
-		return true, nil
-	}
-	port := HostName(box)
-	for !portOnBridge(port, bs.Stack.Network) {
-		select {
-		case <-ctx.Done():
-			return false, nil
-		case <-started:
-			return false, nil
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	if !bs.HostLocked {
-		unlock, err := LockNetwork(ctx, bs.Stack.Network)
-		if err != nil {
-			return false, err
-		}
-		defer unlock()
-	}
-	return NewHost(bs.Client, bs.Stack).BindStarting(ctx, box)
 }
 
 // bindPorts binds the running boxes' bridge ports to their MAC and address (claudebox's own
