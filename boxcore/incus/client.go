@@ -34,11 +34,13 @@ const DefaultSocket = "/var/lib/incus/unix.socket"
 
 // Client talks to one Incus server. It is safe for concurrent use.
 type Client struct {
-	base   string // scheme://host, no trailing slash, e.g. "http://unix.socket"
-	hc     *http.Client
-	ws     *websocket.Dialer
-	remote string // "local" or the remote's name
-	socket string // Unix socket path, "" for HTTP(S)
+	base string // scheme://host, no trailing slash, e.g. "http://unix.socket"
+	hc   *http.Client
+	ws   *websocket.Dialer
+	// beforeSockets, set only by tests, runs between an exec's POST and its websockets.
+	beforeSockets func()
+	remote        string // "local" or the remote's name
+	socket        string // Unix socket path, "" for HTTP(S)
 }
 
 // LocalSocket returns the Unix socket path of the local daemon: $INCUS_SOCKET, else

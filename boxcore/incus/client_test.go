@@ -632,7 +632,7 @@ func TestExecControlStallRetried(t *testing.T) {
 		c.SetHandshakeTimeout(100 * time.Millisecond)
 		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
 		switch {
-		case stallEvery && (err == nil || !strings.Contains(err.Error(), "control socket's handshake") || ran.Load() != 0 || execs.Load() != 3):
+		case stallEvery && (err == nil || !strings.Contains(err.Error(), "did not connect in time") || ran.Load() != 0 || execs.Load() != 3):
 			t.Errorf("a stall on every attempt: %v after %d execs, command ran %d times; want an error after 3, never run", err, execs.Load(), ran.Load())
 		case !stallEvery && (err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2):
 			t.Errorf("one stall: %q, %v after %d execs; want ok after 2", r.Stdout, err, execs.Load())
@@ -681,5 +681,57 @@ func TestPublishInstance(t *testing.T) {
 	mode = "nofp"
 	if _, err := c.PublishInstance(ctx, "builder", incus.PublishOptions{}); err == nil || !strings.Contains(err.Error(), "without a fingerprint") {
 		t.Fatalf("publish without a fingerprint: %v", err)
+	}
+}
+
+// A websocket the daemon refuses because the operation already ended is explained by the
+// operation's own error. Incus's 5 s bound for an exec's websockets ran out on a CI run's
+// loaded daemon ("Timed out waiting for websockets to connect": the command never ran) and
+// the refusal of the control socket hid it: such an exec is asked for again. A command that
+// already failed ("Command not found") reports that, the exit code 127 to ExecInteractive.
+func TestExecRefusedSocketExplained(t *testing.T) {
+	up := websocket.Upgrader{}
+	for _, firstEnd := range []string{"Timed out waiting for websockets to connect", "Command not found"} {
+		var execs atomic.Int32
+		c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/1.0/instances/x/exec":
+				n := execs.Add(1)
+				writeJSON(w, 202, async(fmt.Sprintf("ex%d", n), map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+			case "/1.0/operations/ex1/websocket":
+				writeJSON(w, 400, apiErr(400, "Only running operations can be connected"))
+			case "/1.0/operations/ex1":
+				writeJSON(w, 200, op("ex1", 400, firstEnd, nil))
+			case "/1.0/operations/ex2/websocket":
+				ws, err := up.Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				if r.URL.Query().Get("secret") == "s1" {
+					_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
+				}
+				_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+			case "/1.0/operations/ex2/wait":
+				time.Sleep(50 * time.Millisecond)
+				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
+			default:
+				if r.Method == http.MethodDelete {
+					writeJSON(w, 200, map[string]any{"type": "sync", "status_code": 200})
+					return
+				}
+				writeJSON(w, 404, apiErr(404, "not found"))
+			}
+		})
+		if firstEnd == "Command not found" {
+			code, err := c.ExecInteractive(context.Background(), "x", incus.ExecRequest{Command: []string{"nosuch"}}, nil, nil, nil, false, 0, 0)
+			if err != nil || code != 127 || execs.Load() != 1 {
+				t.Errorf("a command that failed before its sockets: exit %d, %v after %d execs; want 127 after 1", code, err, execs.Load())
+			}
+			continue
+		}
+		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
+		if err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2 {
+			t.Errorf("sockets timed out on the daemon's side: %q, %v after %d execs; want ok after 2", r.Stdout, err, execs.Load())
+		}
 	}
 }

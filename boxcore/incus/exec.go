@@ -109,7 +109,8 @@ func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty b
 	for attempt := 1; err != nil && errors.Is(err, errControlStalled) && attempt < execAttempts && ctx.Err() == nil; attempt++ {
 		// The control socket is connected first and the command starts only once the data
 		// sockets are: it never ran, so it is asked for again (a CI run's daemon, loaded by
-		// the whole suite, took over 10 s to answer one handshake).
+		// the whole suite, took over 10 s to answer one handshake, and another let its own 5 s
+		// bound for the sockets run out).
 		op, conns, err = c.startExec(ctx, inst, req, tty, width, height)
 	}
 	if err != nil {
@@ -207,9 +208,39 @@ func (w wsConns) closeAll() {
 	}
 }
 
-// errControlStalled: the daemon did not answer the control socket's handshake in time. The
-// command has not started then (it waits for the data sockets, connected after).
-var errControlStalled = errors.New("the daemon did not answer the control socket's handshake")
+// errControlStalled: the daemon did not answer a websocket's handshake in time (ours, or its
+// own 5 s bound for them all). The command has not started then: it waits for the data
+// sockets, and the control socket is connected first.
+var errControlStalled = errors.New("the exec's websockets did not connect in time")
+
+// wsConnectTimeout is Incus's own message for an exec whose websockets did not all connect
+// within its 5 s bound: the command never started.
+const wsConnectTimeout = "Timed out waiting for websockets to connect"
+
+func isRefusal(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && strings.HasPrefix(se.Message, "websocket refused: ")
+}
+
+// refusedBecause explains a websocket the daemon refused ("Only running operations can be
+// connected") by the operation's own end: a daemon loaded by a whole test suite let the exec's
+// 5 s websocket bound run out before answering a handshake (the command never ran: asked for
+// again, as a stalled handshake is), or the command already failed ("Command not found", which
+// callers map to 127). Without this the refusal hid both.
+func (c *Client) refusedBecause(ctx context.Context, opID string, refusal error) error {
+	var op Operation
+	if _, err := c.get(ctx, "/1.0/operations/"+esc(opID), &op); err != nil || !op.done() {
+		return refusal
+	}
+	opErr := op.err()
+	switch {
+	case opErr == nil:
+		return refusal
+	case strings.Contains(op.Err, wsConnectTimeout):
+		return fmt.Errorf("%w: %w", errControlStalled, opErr)
+	}
+	return opErr
+}
 
 // execAttempts bounds how often an exec whose control handshake stalled is asked for.
 const execAttempts = 3
@@ -242,6 +273,9 @@ func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tt
 	if err != nil {
 		return nil, nil, err
 	}
+	if c.beforeSockets != nil {
+		c.beforeSockets()
+	}
 	fds := map[string]string{}
 	if m, ok := op.Metadata["fds"].(map[string]any); ok {
 		for k, v := range m {
@@ -268,10 +302,13 @@ func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tt
 		cn, err := c.websocket(ctx, op.ID, secret)
 		if err != nil {
 			conns.closeAll()
-			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
-			if fd == "control" && isTimeout(err) {
+			switch {
+			case fd == "control" && isTimeout(err):
 				err = fmt.Errorf("%w: %w", errControlStalled, err)
+			case isRefusal(err):
+				err = c.refusedBecause(ctx, op.ID, err)
 			}
+			_ = c.CancelOperation(context.WithoutCancel(ctx), op.ID)
 			return nil, nil, fmt.Errorf("incus: exec: connecting fd %s: %w", fd, err)
 		}
 		conns[fd] = cn

@@ -324,6 +324,24 @@ func TestIntegration(t *testing.T) {
 		}
 	})
 
+	// Incus fails an exec whose websockets are not all connected within 5 s and then refuses
+	// them ("Only running operations can be connected"), as a daemon loaded by a CI run did:
+	// the command never ran, so the exec is asked for again and runs once.
+	t.Run("ExecSocketsLate", func(t *testing.T) {
+		ctx := ctxT(t)
+		attempts := 0
+		defer c.SetBeforeSockets(nil)
+		c.SetBeforeSockets(func() {
+			if attempts++; attempts == 1 {
+				time.Sleep(6 * time.Second)
+			}
+		})
+		r, err := c.Exec(ctx, a, incus.ExecRequest{Command: []string{"/sbin/init", "echo", "once"}})
+		if err != nil || string(r.Stdout) != "once\n" || attempts != 2 {
+			t.Fatalf("sockets late past the daemon's bound: %q, %v after %d attempts; want once after 2", r.Stdout, err, attempts)
+		}
+	})
+
 	t.Run("ExecInteractive", func(t *testing.T) {
 		ctx := ctxT(t)
 		var out, errb bytes.Buffer
