@@ -27,6 +27,9 @@ import (
 //     of at most the default is looser than claudebox sets
 //   - a template's vm_config key with the template's value (security.secureboot=false)
 //
+// A template's container_config key (the docker template's nesting) is own config only on a
+// box of that template: OffBoundary checks it against the box's template tag.
+//
 // Everything else — security.*, raw.*, linux.*, limits.kernel.*, boot.*, other cloud-init
 // keys, ... — claudebox never sets, so it is not carried over.
 func OwnConfig(k, v string) bool {
@@ -47,6 +50,29 @@ func OwnConfig(k, v string) bool {
 	return false
 }
 
+// templateContainerKey reports whether the template named tmpl puts k=v on its container
+// boxes (container_config: the docker template's nesting). Only a box of that template may
+// carry it; on any other box it is off the boundary like every security.* key.
+func templateContainerKey(tmpl, k, v string) bool {
+	t, err := templates.Get(tmpl)
+	if tmpl == "" || err != nil {
+		return false
+	}
+	tv, ok := t.ContainerConfig[k]
+	return ok && tv == v
+}
+
+// containerKeyOf names the templates whose container_config sets k to v.
+func containerKeyOf(k, v string) []string {
+	var out []string
+	for _, t := range templates.List() {
+		if tv, ok := t.ContainerConfig[k]; ok && tv == v {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}
+
 // ownRootDiskKeys are the only keys of the one device claudebox puts on a box itself: the
 // root disk `new --disk` adds, on the stack's pool.
 var ownRootDiskKeys = []string{"type", "path", "pool", "size"}
@@ -56,7 +82,7 @@ var ownRootDiskKeys = []string{"type", "path", "pool", "size"}
 func OffBoundary(config map[string]string, devices map[string]map[string]string, s Stack) []string {
 	var out []string
 	for k, v := range config {
-		if OwnConfig(k, v) {
+		if OwnConfig(k, v) || templateContainerKey(config[TagTemplate], k, v) {
 			continue
 		}
 		if _, isLimit := DefaultLimits().limitWithinCaps(k, v); isLimit {
@@ -251,6 +277,8 @@ func ClassifyHatch(args []string) []string {
 			lk := strings.ToLower(key)
 			if _, isLimit := DefaultLimits().limitWithinCaps(lk, val); isLimit && !OwnConfig(lk, val) {
 				add("it sets " + key + " looser than claudebox does (" + DefaultLimits().capOf(lk) + "), or removes it")
+			} else if ts := containerKeyOf(lk, val); len(ts) > 0 {
+				add("it sets " + key + ", which claudebox puts only on boxes of the " + strings.Join(ts, ", ") + " template (new --template " + ts[0] + ")")
 			} else if !OwnConfig(lk, val) {
 				add("it sets " + ns + ".* keys (" + key + "), which claudebox never puts on a box")
 			}

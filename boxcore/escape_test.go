@@ -149,28 +149,40 @@ func TestOffBoundary(t *testing.T) {
 	if off := OffBoundary(own, nil, s); len(off) != 0 {
 		t.Fatalf("no devices refused: %v", off)
 	}
+	// The docker template's container keys are own config on a box of that template only.
+	docker := maps.Clone(own)
+	docker[TagTemplate] = "docker"
+	maps.Copy(docker, map[string]string{"security.nesting": "true", "security.syscalls.intercept.mknod": "true", "security.syscalls.intercept.setxattr": "true"})
+	if off := OffBoundary(docker, root, s); len(off) != 0 {
+		t.Fatalf("a docker box's nesting refused: %v", off)
+	}
+	if r := ClassifyHatch([]string{"config", "set", "b", "security.nesting=true"}); len(r) != 1 || !strings.Contains(r[0], "docker template") {
+		t.Errorf("the hatch setting nesting: %v, want a warning naming the docker template", r)
+	}
 	for name, tc := range map[string]struct {
 		cfg  map[string]string
 		devs map[string]map[string]string
 		want string
 	}{
-		"privileged":     {map[string]string{"security.privileged": "true"}, nil, "security.privileged"},
-		"nesting":        {map[string]string{"security.nesting": "true"}, nil, "security.nesting"},
-		"secureboot on":  {map[string]string{"security.secureboot": "true"}, nil, "security.secureboot"},
-		"raw.lxc":        {map[string]string{"raw.lxc": "lxc.apparmor.profile=unconfined"}, nil, "raw.lxc"},
-		"linux":          {map[string]string{"linux.kernel_modules": "br_netfilter"}, nil, "linux.kernel_modules"},
-		"kernel limits":  {map[string]string{"limits.kernel.memlock": "unlimited"}, nil, "limits.kernel.memlock"},
-		"network cfg":    {map[string]string{"cloud-init.network-config": "x"}, nil, "cloud-init.network-config"},
-		"host folder":    {nil, map[string]map[string]string{"home": {"type": "disk", "source": "/home/me", "path": "/mnt"}}, "host's /home/me"},
-		"extra volume":   {nil, map[string]map[string]string{"data": {"type": "disk", "pool": s.Pool, "source": "vol", "path": "/data"}}, "extra disk"},
-		"nic override":   {nil, map[string]map[string]string{"eth0": {"type": "nic", "network": s.Network, "security.port_isolation": "false"}}, "NIC"},
-		"nic renamed":    {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "host_name", "eth9")}, "NIC"},
-		"nic loosened":   {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "security.mac_filtering", "false")}, "NIC"},
-		"second nic":     {nil, map[string]map[string]string{"eth1": {"type": "nic", "network": "incusbr0"}}, "incusbr0"},
-		"proxy":          {nil, map[string]map[string]string{"p": {"type": "proxy", "listen": "tcp:0.0.0.0:80", "connect": "tcp:127.0.0.1:80"}}, "proxy"},
-		"gpu":            {nil, map[string]map[string]string{"g": {"type": "gpu"}}, "gpu"},
-		"root elsewhere": {nil, map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "other"}}, "pool other"},
-		"root readonly":  {nil, map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": s.Pool, "readonly": "true"}}, "readonly"},
+		"privileged":      {map[string]string{"security.privileged": "true"}, nil, "security.privileged"},
+		"nesting":         {map[string]string{"security.nesting": "true"}, nil, "security.nesting"},
+		"nesting, claude": {map[string]string{"security.nesting": "true", TagTemplate: "claude"}, nil, "security.nesting"},
+		"docker, looser":  {map[string]string{"security.nesting": "true", "security.privileged": "true", TagTemplate: "docker"}, nil, "security.privileged"},
+		"secureboot on":   {map[string]string{"security.secureboot": "true"}, nil, "security.secureboot"},
+		"raw.lxc":         {map[string]string{"raw.lxc": "lxc.apparmor.profile=unconfined"}, nil, "raw.lxc"},
+		"linux":           {map[string]string{"linux.kernel_modules": "br_netfilter"}, nil, "linux.kernel_modules"},
+		"kernel limits":   {map[string]string{"limits.kernel.memlock": "unlimited"}, nil, "limits.kernel.memlock"},
+		"network cfg":     {map[string]string{"cloud-init.network-config": "x"}, nil, "cloud-init.network-config"},
+		"host folder":     {nil, map[string]map[string]string{"home": {"type": "disk", "source": "/home/me", "path": "/mnt"}}, "host's /home/me"},
+		"extra volume":    {nil, map[string]map[string]string{"data": {"type": "disk", "pool": s.Pool, "source": "vol", "path": "/data"}}, "extra disk"},
+		"nic override":    {nil, map[string]map[string]string{"eth0": {"type": "nic", "network": s.Network, "security.port_isolation": "false"}}, "NIC"},
+		"nic renamed":     {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "host_name", "eth9")}, "NIC"},
+		"nic loosened":    {nil, map[string]map[string]string{"eth0": withKey(BoxNIC(s, "b"), "security.mac_filtering", "false")}, "NIC"},
+		"second nic":      {nil, map[string]map[string]string{"eth1": {"type": "nic", "network": "incusbr0"}}, "incusbr0"},
+		"proxy":           {nil, map[string]map[string]string{"p": {"type": "proxy", "listen": "tcp:0.0.0.0:80", "connect": "tcp:127.0.0.1:80"}}, "proxy"},
+		"gpu":             {nil, map[string]map[string]string{"g": {"type": "gpu"}}, "gpu"},
+		"root elsewhere":  {nil, map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "other"}}, "pool other"},
+		"root readonly":   {nil, map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": s.Pool, "readonly": "true"}}, "readonly"},
 	} {
 		off := OffBoundary(tc.cfg, tc.devs, s)
 		if len(off) != 1 || !strings.Contains(off[0], tc.want) {

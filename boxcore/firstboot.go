@@ -59,10 +59,12 @@ func ApplyTemplate(o *NewOptions, tc TemplateChoice) error {
 		}
 		o.Config["cloud-init.vendor-data"] = vd
 	}
+	extra := t.ContainerConfig
 	if o.VM {
-		for k, v := range t.VMConfig {
-			o.Config[k] = v
-		}
+		extra = t.VMConfig
+	}
+	for k, v := range extra {
+		o.Config[k] = v
 	}
 	o.Config[TagTemplate] = t.Name
 	o.FirstBoot = &FirstBoot{Required: tc.Explicit, Timeout: DefaultFirstBootTimeout}

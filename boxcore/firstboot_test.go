@@ -33,6 +33,17 @@ func TestApplyTemplateVMSettings(t *testing.T) {
 			t.Errorf("container carries VM setting %s", k)
 		}
 	}
+	// The docker template's container settings (nesting) go on containers only.
+	dt, _ := templates.Get("docker")
+	dvm, dct := NewOptions{Name: "v", VM: true}, NewOptions{Name: "c"}
+	for _, o := range []*NewOptions{&dvm, &dct} {
+		if err := ApplyTemplate(o, TemplateChoice{Template: dt}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(dt.ContainerConfig) == 0 || dct.Config["security.nesting"] != "true" || dvm.Config["security.nesting"] != "" || dvm.Config["security.secureboot"] != "false" {
+		t.Errorf("docker: container %v, VM %v", dct.Config, dvm.Config)
+	}
 	if vm.Image != tmpl.Image.VM || ct.Image != tmpl.Image.Container {
 		t.Errorf("images: vm %q container %q", vm.Image, ct.Image)
 	}

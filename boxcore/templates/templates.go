@@ -55,9 +55,23 @@ type Template struct {
 	Image Images `yaml:"image"`
 	// Resources are the default limits of a box.
 	Resources Resources `yaml:"resources"`
+	// Extends names the template this one starts from: every key this file does not set is
+	// the base's; a list or a scalar it sets replaces the base's, a map's keys are added to
+	// the base's map. The base may not extend another.
+	Extends string `yaml:"extends"`
 	// VMConfig is instance config `new` sets on VMs made from this template (never on
 	// containers). See the template files for the reasoning behind each key.
 	VMConfig map[string]string `yaml:"vm_config"`
+	// ContainerConfig is instance config `new` sets on containers made from this template
+	// (never on VMs): what Docker in a container needs (nesting), only for the template that
+	// asks for it. The boundary allows these keys only on a box of this template.
+	ContainerConfig map[string]string `yaml:"container_config"`
+	// Packages are Debian packages installed at first boot besides the user_data's own
+	// (.Packages in user_data).
+	Packages []string `yaml:"packages"`
+	// UserGroups are groups user claude joins once the packages are in (a package such as
+	// docker.io creates its group), as .UserGroups in user_data.
+	UserGroups []string `yaml:"user_groups"`
 	// Claude says how Claude Code is installed; nil means it is not installed.
 	Claude *Claude `yaml:"claude"`
 	// ClaudeMD is the global ~/.claude/CLAUDE.md for user claude ("" = none).
@@ -144,6 +158,8 @@ type userDataData struct {
 	InstallScript string // "" when Claude is not installed
 	InstallPath   string // where the install script is written
 	Claude        *Claude
+	Packages      []string // the template's extra packages
+	UserGroups    []string // groups the user joins after the packages
 }
 
 // InstallScriptPath is where user-data writes the Claude install script in the box.
@@ -195,13 +211,18 @@ func load(fsys fs.FS) ([]Template, error) {
 	}
 	shared, _ := fs.ReadFile(fsys, "claude.md")
 	script, _ := fs.ReadFile(fsys, "install-claude.sh.tmpl")
-	var out []Template
+	raw := map[string][]byte{}
 	for _, fn := range names {
 		b, err := fs.ReadFile(fsys, fn)
 		if err != nil {
 			return nil, err
 		}
-		t, err := Parse(strings.TrimSuffix(fn, ".yaml"), b, string(shared), string(script))
+		raw[strings.TrimSuffix(fn, ".yaml")] = b
+	}
+	var out []Template
+	for _, fn := range names {
+		name := strings.TrimSuffix(fn, ".yaml")
+		t, err := parseOn(name, raw, string(shared), string(script))
 		if err != nil {
 			return nil, err
 		}
@@ -212,12 +233,39 @@ func load(fsys fs.FS) ([]Template, error) {
 }
 
 // Parse decodes and checks one template file. sharedMD is the text "@claude.md" stands for;
-// script is the install script template. Unknown keys are an error.
+// script is the install script template. Unknown keys are an error. A file that extends
+// another needs its base: see load.
 func Parse(name string, data []byte, sharedMD, script string) (Template, error) {
+	return parseOn(name, map[string][]byte{name: data}, sharedMD, script)
+}
+
+// parseOn parses files[name], on top of its base (files[extends]) when it names one.
+func parseOn(name string, files map[string][]byte, sharedMD, script string) (Template, error) {
 	var t Template
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&t); err != nil {
+	decode := func(data []byte) error {
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		return dec.Decode(&t)
+	}
+	var own struct {
+		Extends string `yaml:"extends"`
+	}
+	if err := yaml.Unmarshal(files[name], &own); err != nil {
+		return Template{}, fmt.Errorf("template %s: %w", name, err)
+	}
+	if base := own.Extends; base != "" {
+		data, ok := files[base]
+		if !ok || base == name {
+			return Template{}, fmt.Errorf("template %s: extends %q, which is no other template", name, base)
+		}
+		if err := decode(data); err != nil {
+			return Template{}, fmt.Errorf("template %s: its base %s: %w", name, base, err)
+		}
+		if t.Extends != "" {
+			return Template{}, fmt.Errorf("template %s: its base %s extends %s: one level only", name, base, t.Extends)
+		}
+	}
+	if err := decode(files[name]); err != nil {
 		return Template{}, fmt.Errorf("template %s: %w", name, err)
 	}
 	t.Name = name
@@ -245,10 +293,11 @@ func Parse(name string, data []byte, sharedMD, script string) (Template, error) 
 }
 
 var (
-	hexSHA512 = regexp.MustCompile(`^[0-9a-f]{128}$`)
-	semver    = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
-	size      = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)$`)
-	label     = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
+	hexSHA512  = regexp.MustCompile(`^[0-9a-f]{128}$`)
+	semver     = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
+	size       = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)$`)
+	debPackage = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	label      = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
 )
 
 // problems collects every fault of a template, so that one run names them all.
@@ -285,9 +334,21 @@ func (t *Template) checkBox(p *problems) {
 	if !size.MatchString(t.Resources.Disk) {
 		p.add("resources.disk %q is not a size like 20GiB", t.Resources.Disk)
 	}
-	for k := range t.VMConfig {
-		if strings.HasPrefix(k, "user.") || strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "cloud-init.") {
-			p.add("vm_config may not set %s", k)
+	for field, cfg := range map[string]map[string]string{"vm_config": t.VMConfig, "container_config": t.ContainerConfig} {
+		for k := range cfg {
+			if strings.HasPrefix(k, "user.") || strings.HasPrefix(k, "volatile.") || strings.HasPrefix(k, "cloud-init.") {
+				p.add("%s may not set %s", field, k)
+			}
+		}
+	}
+	for _, pk := range t.Packages {
+		if !debPackage.MatchString(pk) {
+			p.add("packages: %q is not a Debian package name", pk)
+		}
+	}
+	for _, g := range t.UserGroups {
+		if !label.MatchString(g) {
+			p.add("user_groups: %q is not a group name", g)
 		}
 	}
 	if !strings.HasPrefix(t.UserData, "#cloud-config\n") {
@@ -364,6 +425,7 @@ func (t Template) Render(p Params) (string, error) {
 	d := userDataData{
 		Hostname: p.Hostname, User: User, UID: UserUID, Home: Home,
 		ClaudeMD: t.ClaudeMD, Claude: t.Claude, InstallPath: InstallScriptPath,
+		Packages: t.Packages, UserGroups: t.UserGroups,
 	}
 	if t.Claude != nil {
 		var sb strings.Builder

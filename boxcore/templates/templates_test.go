@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"maps"
 	"math/big"
 	"os"
 	"os/exec"
@@ -20,7 +21,7 @@ import (
 )
 
 func TestListAndGet(t *testing.T) {
-	if got, want := Names(), []string{"blank", "claude"}; !slices.Equal(got, want) {
+	if got, want := Names(), []string{"blank", "claude", "docker"}; !slices.Equal(got, want) {
 		t.Fatalf("templates = %v, want %v", got, want)
 	}
 	def, err := Get("")
@@ -219,6 +220,47 @@ func TestClaudeTemplateContent(t *testing.T) {
 	}
 	if tp.Claude == nil || tp.Claude.Install != "npm" {
 		t.Errorf("claude install = %+v; the tested path is npm", tp.Claude)
+	}
+}
+
+// The docker template is the claude template (it extends it) plus docker.io, user claude in
+// group docker once the package made the group, and nesting on containers only.
+func TestDockerTemplate(t *testing.T) {
+	base, _ := Get("claude")
+	tp, err := Get("docker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp.Extends != "claude" || tp.Claude == nil || tp.Claude.NPM.Node.Version != base.Claude.NPM.Node.Version || tp.ClaudeMD != base.ClaudeMD ||
+		tp.Image != base.Image || tp.VMConfig["security.secureboot"] != "false" {
+		t.Errorf("docker does not inherit claude's install, notes, images and vm_config: %+v", tp)
+	}
+	if tp.Resources.Disk != "30GiB" {
+		t.Errorf("its own disk size lost: %+v", tp.Resources)
+	}
+	want := map[string]string{"security.nesting": "true", "security.syscalls.intercept.mknod": "true", "security.syscalls.intercept.setxattr": "true"}
+	if !maps.Equal(tp.ContainerConfig, want) || len(base.ContainerConfig) != 0 {
+		t.Errorf("container_config: docker %v, claude %v; want %v on docker only", tp.ContainerConfig, base.ContainerConfig, want)
+	}
+	_, c := render(t, tp)
+	if !slices.Contains(c.Packages, "docker.io") || !slices.Contains(c.Packages, "git") {
+		t.Errorf("packages %v: want claude's and docker.io", c.Packages)
+	}
+	usermod := []string{"usermod", "--append", "--groups", "docker", User}
+	if len(c.Runcmd) != 2 || !slices.Equal(c.Runcmd[0], usermod) || !slices.Equal(c.Runcmd[1], []string{InstallScriptPath}) {
+		t.Errorf("runcmd = %v; want %v, then the install script", c.Runcmd, usermod)
+	}
+	for name, yml := range map[string]string{
+		"no base":     "description: x\nextends: nosuch\n",
+		"itself":      "description: x\nextends: self\n",
+		"two levels":  "description: x\nextends: mid\n",
+		"bad package": "extends: claude\npackages: [\"rm -rf\"]\n",
+		"user key":    "extends: claude\ncontainer_config:\n  user.x: y\n",
+	} {
+		files := map[string][]byte{"self": []byte(yml), "mid": []byte("extends: claude\n"), "claude": []byte(file(t, "claude.yaml"))}
+		if _, err := parseOn("self", files, "notes", "#!/bin/sh\n"); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
 	}
 }
 
