@@ -15,6 +15,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -732,6 +733,52 @@ func TestExecRefusedSocketExplained(t *testing.T) {
 		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
 		if err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2 {
 			t.Errorf("sockets timed out on the daemon's side: %q, %v after %d execs; want ok after 2", r.Stdout, err, execs.Load())
+		}
+	}
+}
+
+// An exec the daemon could not attach ("Failed to retrieve PID of executing child process":
+// the command never ran) is asked for again when its stdin can be given again, and its
+// output is the second exec's; with a stdin that cannot be rewound the error stands.
+func TestExecAttachFailureRetried(t *testing.T) {
+	up := websocket.Upgrader{}
+	for _, stdin := range []io.Reader{nil, strings.NewReader("in"), io.MultiReader(strings.NewReader("in"))} {
+		var execs atomic.Int32
+		c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.URL.Path == "/1.0/instances/x/exec":
+				n := execs.Add(1)
+				writeJSON(w, 202, async(fmt.Sprintf("ex%d", n), map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+			case strings.HasSuffix(r.URL.Path, "/websocket"):
+				ws, err := up.Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				if r.URL.Query().Get("secret") == "s1" && strings.Contains(r.URL.Path, "ex2") {
+					_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
+				}
+				if r.URL.Query().Get("secret") != "s0" {
+					_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+				}
+			case r.URL.Path == "/1.0/operations/ex1/wait":
+				time.Sleep(50 * time.Millisecond)
+				writeJSON(w, 200, op("ex1", 400, "Failed to retrieve PID of executing child process", nil))
+			case r.URL.Path == "/1.0/operations/ex2/wait":
+				time.Sleep(50 * time.Millisecond)
+				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
+			default:
+				writeJSON(w, 404, apiErr(404, "not found"))
+			}
+		})
+		res, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}, Stdin: stdin})
+		_, seeks := stdin.(io.Seeker)
+		switch {
+		case stdin == nil || seeks:
+			if err != nil || string(res.Stdout) != "ok\n" || execs.Load() != 2 {
+				t.Errorf("stdin %T: %q, %v after %d execs; want ok after 2", stdin, res.Stdout, err, execs.Load())
+			}
+		case err == nil || execs.Load() != 1:
+			t.Errorf("stdin that cannot be rewound: %v after %d execs; want the error after 1", err, execs.Load())
 		}
 	}
 }
