@@ -101,6 +101,7 @@ type engine struct {
 	// its hole is open.
 	exposure   netip.AddrPort
 	exposedBox string
+	exposing   <-chan error // the exposure under way (exposure.go)
 	beyond     []net.Listener
 }
 
@@ -372,6 +373,9 @@ func (e *engine) topology() *Topology {
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
+		if !e.o.VM {
+			t.Nested = nestedPrefix(e.decoy)
+		}
 	}
 	t.Round, t.Bridge = e.rounds, e.o.Stack.Network
 	// The resource rows: container boxes (a VM's limits are its own kernel's), in the plain
@@ -532,6 +536,7 @@ func stripForwarder(raw string) []string {
 }
 
 func (e *engine) teardown(ctx context.Context) error {
+	_ = e.awaitExposure() // never delete a box under its exposure's write
 	var errs []error
 	var wg sync.WaitGroup
 	if !e.o.Keep {

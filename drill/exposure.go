@@ -82,9 +82,12 @@ var exposureClaims = []ClaimRow{
 		Holds: any1(LayerExposeLoopback, LayerHostGuard)},
 }
 
-// exposeFirstBox exposes the first network box's listener on a loopback port of the host the
-// way `claudebox expose` does (the guard's rule with it). The port is picked once per run;
-// a re-minted first box gets the same one. A VM box is not exposed (expose refuses VMs).
+// exposeFirstBox starts exposing the first network box's listener on a loopback port of the
+// host the way `claudebox expose` does (the guard's rule with it); awaitExposure waits for
+// it. Incus takes about a second to add a proxy device (measured: 1.04 s, the same at
+// start), so it runs beside the window rows, which do not need it. The port is picked once
+// per run; a re-minted first box gets the same one. A VM box is not exposed (expose refuses
+// VMs).
 func (e *engine) exposeFirstBox(ctx context.Context) error {
 	if e.o.VM || len(e.boxes) == 0 {
 		return nil
@@ -102,11 +105,26 @@ func (e *engine) exposeFirstBox(ctx context.Context) error {
 		return err
 	}
 	bs := &boxcore.Boxes{Client: e.c, Stack: e.o.Stack, Version: e.o.Version, HostLocked: true}
-	if _, err := bs.Expose(ctx, box, probes.DefaultTCPPort, e.exposure); err != nil {
-		return fmt.Errorf("exposing %s: %w", box.Name, err)
-	}
 	e.exposedBox = box.Name
+	done := make(chan error, 1)
+	e.exposing = done
+	go func() {
+		if _, err := bs.Expose(ctx, box, probes.DefaultTCPPort, e.exposure); err != nil {
+			done <- fmt.Errorf("exposing %s: %w", box.Name, err)
+		}
+		close(done)
+	}()
 	return nil
+}
+
+// awaitExposure waits until the exposure exposeFirstBox started is in place (or failed).
+func (e *engine) awaitExposure() error {
+	if e.exposing == nil {
+		return nil
+	}
+	err := <-e.exposing
+	e.exposing = nil
+	return err
 }
 
 // openBeyondLoopback is the hole of LayerExposeLoopback: the lab listens at the exposed port

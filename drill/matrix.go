@@ -83,6 +83,8 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 				res, err = e.runInDecoy(ctx, specs)
 			} else if b := boxes[from]; b != nil {
 				res, err = e.runInBox(ctx, b, specs)
+			} else if name, ok := nestedBox(from); ok && boxes[name] != nil {
+				res, err = e.runInBox(ctx, boxes[name], specs, "--nested", e.topology().Nested.String())
 			} else {
 				err = fmt.Errorf("no box %s", from)
 			}
@@ -183,6 +185,10 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 		return nil, err
 	}
 	e.awaitDAD(ctx)
+	if err := e.awaitExposure(); err != nil {
+		<-dhcpDone
+		return nil, err
+	}
 	if err := e.undisturbed(ctx, batch); err != nil {
 		<-dhcpDone
 		return nil, err

@@ -101,6 +101,9 @@ type Topology struct {
 	// ExposedBox that box (exposure.go). Invalid: no exposure rows (VM boxes).
 	Exposure   netip.AddrPort
 	ExposedBox string
+	// Nested is the /30 of the first box's nested container (nested.go). Invalid: no nested
+	// rows (VM boxes).
+	Nested netip.Prefix
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.

@@ -38,6 +38,7 @@ func testTopology() *Topology {
 		Public: netip.MustParseAddr("198.18.0.10"), PublicName: "public.x.claudebox-drill.test",
 		DecoyHostSide: netip.MustParseAddr("198.18.0.253"),
 		Exposure:      netip.MustParseAddrPort("127.0.0.1:45123"), ExposedBox: "a",
+		Nested: netip.MustParsePrefix("198.18.0.40/30"),
 	}
 }
 
@@ -86,6 +87,11 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
 		"res/limits": 4, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
+		"nested/internet/tcp": 1, "nested/internet/dns": 1, "nested/box-box/tcp": 2, "nested/box-box/udp": 2, "nested/box-box/icmp": 2,
+		"nested/box-box-name/dns-instance": 2, "nested/box-box-name/dns-ptr": 2, "nested/host-names/dns": 2,
+		"nested/box-host/gateway-tcp": 1, "nested/box-host/gateway-udp": 1, "nested/box-host/addr-tcp": 1, "nested/box-host/addr-udp": 1,
+		"nested/lan/tcp": 1, "nested/lan/udp": 1, "nested/lan/icmp": 1, "nested/cgnat/tcp": 3, "nested/cgnat/udp": 2, "nested/cgnat/icmp": 2,
+		"nested/other-net/tcp": 1, "nested/other-net/udp": 1, "nested/uplink-net/tcp": 1, "nested/uplink-net/udp": 1, "nested/resolver/servers.bind": 1,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))
@@ -215,6 +221,24 @@ func TestCaseIDs(t *testing.T) {
 	}
 	if c.Probe.Timeout != time.Second {
 		t.Errorf("timeout not defaulted: %v", c.Probe.Timeout)
+	}
+}
+
+// Every nested row that expects a block has the nested container's own positive control: a
+// container whose network is broken drops everything (measured: the decoy rows passed with
+// the container unable to reach its gateway, their host-side controls green).
+func TestNestedRowsHaveTheirOwnControl(t *testing.T) {
+	for _, c := range plan(t) {
+		if _, nested := nestedBox(c.From); !nested || !c.Expected.Negative() {
+			continue
+		}
+		own := false
+		for _, ctl := range c.Controls {
+			own = own || strings.HasPrefix(ctl, "internet/") && strings.Contains(ctl, NestedSuffix)
+		}
+		if !own {
+			t.Errorf("%s: controls %v lack the nested container's own", c.ID, c.Controls)
+		}
 	}
 }
 
@@ -398,7 +422,7 @@ func TestHoleAttribution(t *testing.T) {
 		t.Error("a red row the layers do not hold alone must make the hole not as attributed")
 	}
 	noHosts := []Layer{LayerNoHosts, LayerLocalAnswers}
-	hostNames := func(r *Row) bool { return r.Row == "host-names/dns" || r.Row == "host-names/dns-tcp" }
+	hostNames := func(r *Row) bool { return strings.HasPrefix(strings.TrimPrefix(r.Row, "nested/"), "host-names/") }
 	if hr := judge(noHosts, hostNames); !hr.OK {
 		t.Errorf("no-hosts and local answers off open exactly the host-name rows: missing %v, unexpected %v", hr.Missing, hr.Unexpected)
 	}

@@ -47,12 +47,13 @@ var (
 		}
 		return []Endpoint{from}
 	}}
-	ToBoxes      = Selector{"every box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes, nil) }}
+	ToBoxes = Selector{"every box", func(t *Topology, _ Endpoint) []Endpoint { return boxEnds(t.Boxes, nil) }}
+	// (A nested container's own box is not another box: it is the container's host.)
 	ToOtherBoxes = Selector{"every other box", func(t *Topology, from Endpoint) []Endpoint {
-		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key })
+		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key && b != from.Box })
 	}}
 	ToOtherBoxesLL = Selector{"every other box with a link-local address", func(t *Topology, from Endpoint) []Endpoint {
-		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key && b.LL.IsValid() })
+		return boxEnds(t.Boxes, func(b *Box) bool { return b.Name != from.Key && b != from.Box && b.LL.IsValid() })
 	}}
 	ToGateway = Selector{"the gateway", func(t *Topology, _ Endpoint) []Endpoint { return []Endpoint{t.gatewayEnd()} }}
 	// The first box and its sibling (the cache row: one pair is enough to show a shared cache).
@@ -157,7 +158,7 @@ var (
 
 // Claims is the contract. Controls come first only for reading; Plan resolves references
 // in any order.
-var Claims = append([]ClaimRow{
+var Claims = withNested(append([]ClaimRow{
 	// Positive controls: each box reaches its own listeners and the gateway's ARP, holds a
 	// lease; the host reaches its own listeners and every decoy.
 	{Key: "ctl/self-tcp", Claim: ClaimControl, Kind: "self", ID: "ctl/{from}/self-tcp", From: FromBoxes, To: ToSelf, Probe: defaultSelfTCP, Expect: Open},
@@ -435,7 +436,7 @@ var Claims = append([]ClaimRow{
 		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
 		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
-}, append(exposureClaims, resourceClaims...)...)
+}, append(exposureClaims, resourceClaims...)...))
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, tcp bool, h Holds) ClaimRow {
 	ask := askGateway(name, typ)

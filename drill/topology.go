@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"strconv"
@@ -127,8 +128,11 @@ func (e *engine) mint(ctx context.Context, names []string) ([]*Box, error) {
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
-			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image,
-				Config: map[string]string{DrillTag: e.run}})
+			cfg := map[string]string{DrillTag: e.run}
+			if !e.o.VM && name == e.networkBoxNames()[0] {
+				maps.Copy(cfg, nestingConfig()) // the nested container's box (nested.go)
+			}
+			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image, Config: cfg})
 			<-sem
 			if err != nil {
 				errs[i] = fmt.Errorf("minting %s: %w", name, err)
@@ -324,12 +328,13 @@ func runnerKilled(r *Row) bool {
 }
 
 // runInBox ships a batch of specs to a box's agent and returns the results in order.
-func (e *engine) runInBox(ctx context.Context, b *Box, specs []probes.Spec) ([]probes.Result, error) {
+func (e *engine) runInBox(ctx context.Context, b *Box, specs []probes.Spec, runArgs ...string) ([]probes.Result, error) {
 	in, err := json.Marshal(specs)
 	if err != nil {
 		return nil, err
 	}
-	r, err := e.c.Exec(ctx, b.Name, incus.ExecRequest{Command: []string{b.agent, "probe", "run"}, Stdin: bytes.NewReader(in)})
+	cmd := append([]string{b.agent, "probe", "run"}, runArgs...)
+	r, err := e.c.Exec(ctx, b.Name, incus.ExecRequest{Command: cmd, Stdin: bytes.NewReader(in)})
 	if err != nil {
 		return nil, fmt.Errorf("%s: probe run: %w", b.Name, err)
 	}
@@ -403,6 +408,7 @@ func (e *engine) restartBoxes(ctx context.Context) error {
 // release its lease, and with it any name dnsmasq learnt for it during a seeded hole:
 // restarting is not enough (measured: a renewed lease keeps its name).
 func (e *engine) remint(ctx context.Context) error {
+	_ = e.awaitExposure() // never delete a box under its exposure's write
 	old := map[string]bool{}
 	for _, b := range e.boxes {
 		old[b.Name] = true

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -34,6 +35,8 @@ const usage = `usage: claudebox probe <sub-command> [args]
   run --detach F [JSON]  run them in the background, detached from the caller (it may be
                          gone when they end: an incusd restart ends every exec); the
                          Results go to F once done
+  run --nested P [JSON]  run them in a nested container (new namespaces behind a veth
+                         pair on the /30 P, masqueraded out of eth0, as Docker does)
   collect F              end a detached run's floods (their tails still run), wait for
                          it and print its Results
   facts [--iface eth0]   print the box's Facts as JSON
@@ -59,7 +62,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		if len(rest) > 0 && rest[0] == "--detach" {
 			return mainDetach(rest[1:], stderr)
 		}
+		if len(rest) > 1 && rest[0] == "--nested" {
+			return mainNested(rest[1], rest[2:], stdout, stderr)
+		}
 		return mainRun(rest, stdout, stderr)
+	case "nested-child":
+		return nestedChild(rest, Stdin, stdout, stderr)
 	case "collect":
 		if len(rest) != 1 {
 			fmt.Fprintln(stderr, "probe collect: want the detached run's results file")
@@ -174,29 +182,63 @@ func ParseSpecs(data []byte) ([]Spec, error) {
 }
 
 func mainRun(args []string, stdout, stderr io.Writer) int {
+	specs, code := readSpecs("probe run", args, stderr)
+	if specs == nil {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	return printJSON(stdout, stderr, RunMany(ctx, specs))
+}
+
+// mainNested is `probe run --nested PREFIX [JSON]`: the probes run in a nested container.
+func mainNested(prefix string, args []string, stdout, stderr io.Writer) int {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		fmt.Fprintf(stderr, "probe run --nested: %v\n", err)
+		return ExitUsage
+	}
+	specs, code := readSpecs("probe run", args, stderr)
+	if specs == nil {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	res, err := RunNested(ctx, "/proc/self/exe", p, specs)
+	if err != nil {
+		fmt.Fprintf(stderr, "probe run --nested: %v\n", err)
+		return ExitError
+	}
+	return printJSON(stdout, stderr, res)
+}
+
+// readSpecs reads a run's specs from its one argument or stdin; nil and the exit code when
+// they cannot be read.
+func readSpecs(what string, args []string, stderr io.Writer) ([]Spec, int) {
 	var data []byte
 	switch len(args) {
 	case 0:
 		b, err := io.ReadAll(Stdin)
 		if err != nil {
-			fmt.Fprintf(stderr, "probe run: reading stdin: %v\n", err)
-			return ExitError
+			fmt.Fprintf(stderr, "%s: reading stdin: %v\n", what, err)
+			return nil, ExitError
 		}
 		data = b
 	case 1:
 		data = []byte(args[0])
 	default:
-		fmt.Fprintln(stderr, "probe run: want one JSON argument (or JSON on stdin)")
-		return ExitUsage
+		fmt.Fprintf(stderr, "%s: want one JSON argument (or JSON on stdin)\n", what)
+		return nil, ExitUsage
 	}
 	specs, err := ParseSpecs(data)
 	if err != nil {
-		fmt.Fprintf(stderr, "probe run: %v\n", err)
-		return ExitUsage
+		fmt.Fprintf(stderr, "%s: %v\n", what, err)
+		return nil, ExitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
-	defer stop()
-	return printJSON(stdout, stderr, RunMany(ctx, specs))
+	if specs == nil {
+		specs = []Spec{}
+	}
+	return specs, ExitOK
 }
 
 func mainServe(args []string, stdout, stderr io.Writer) int {
