@@ -421,7 +421,11 @@ func (e *engine) remint(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return e.exposeFirstBox(ctx)
+	// Awaited here: the seeded hole that follows may write the same box (ETag conflict).
+	if err := e.exposeFirstBox(ctx); err != nil {
+		return err
+	}
+	return e.awaitExposure()
 }
 
 // waitNamesReleased waits (up to namesReleaseWait) until dnsmasq's lease file holds none of
