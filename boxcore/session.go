@@ -20,6 +20,32 @@ type BoxUser struct {
 	Shell      string
 	NoPasswd   bool // the box has no /etc/passwd (a scratch image): commands run bare, as root
 	HomeExists bool
+	// Groups are the user's supplementary groups (/etc/group), e.g. docker. Incus's exec
+	// sets only a uid and a gid and drops every supplementary group, so a command run as the
+	// user goes through Setpriv (util-linux's setpriv in the box) to get them.
+	Groups  []string
+	Setpriv string
+}
+
+// setprivPath is util-linux's setpriv (an essential package on Debian).
+const setprivPath = "/usr/bin/setpriv"
+
+// ParseGroups lists the groups of the text of an /etc/group that name is a member of.
+func ParseGroups(group, name string) []string {
+	var out []string
+	for _, line := range strings.Split(group, "\n") {
+		f := strings.Split(strings.TrimSpace(line), ":")
+		if len(f) < 4 {
+			continue
+		}
+		for _, m := range strings.Split(f[3], ",") {
+			if m == name {
+				out = append(out, f[0])
+				break
+			}
+		}
+	}
+	return out
 }
 
 // ParsePasswd finds name's entry in the text of an /etc/passwd.
@@ -77,11 +103,21 @@ func (bs *Boxes) LookupUser(ctx context.Context, b *Box, name string) (BoxUser, 
 		_, herr := bs.Client.PullFile(ctx, b.Name, u.Home)
 		u.HomeExists = herr != nil && !errors.Is(herr, incus.ErrNotFound)
 	}
+	if u.UID != 0 {
+		if groups, err := bs.Client.PullFile(ctx, b.Name, "/etc/group"); err == nil {
+			u.Groups = ParseGroups(string(groups), u.Name)
+		}
+		if len(u.Groups) > 0 {
+			if _, err := bs.Client.PullFile(ctx, b.Name, setprivPath); err == nil {
+				u.Setpriv = setprivPath
+			}
+		}
+	}
 	return u, nil
 }
 
-// UserExec is the exec request that runs cmd in the box as u, with u's uid and gid, in u's
-// home, with a login environment (HOME, USER, LOGNAME, SHELL, PATH with ~/.local/bin) and
+// UserExec is the exec request that runs cmd in the box as u, with u's uid, gid and
+// supplementary groups, in u's home, with a login environment (HOME, USER, LOGNAME, SHELL, PATH with ~/.local/bin) and
 // through u's login shell (`SHELL -l -c 'exec "$@"' SHELLNAME CMD...`), so profile settings apply
 // and the arguments reach the command as given, never re-split. An empty cmd is the
 // interactive login shell itself. A box without /etc/passwd runs cmd bare, as root.
@@ -108,6 +144,14 @@ func UserExec(u BoxUser, cmd []string) incus.ExecRequest {
 	cwd := "/"
 	if u.HomeExists {
 		cwd = u.Home
+	}
+	if len(u.Groups) > 0 && u.Setpriv != "" {
+		// Started as root, setpriv takes the user's ids and every group of theirs, then
+		// executes the command in its place (the same process: signals and the terminal are
+		// the command's).
+		uid, gid := strconv.FormatUint(uint64(u.UID), 10), strconv.FormatUint(uint64(u.GID), 10)
+		command = append([]string{u.Setpriv, "--reuid=" + uid, "--regid=" + gid, "--init-groups", "--"}, command...)
+		return incus.ExecRequest{Command: command, Env: env, Cwd: cwd}
 	}
 	return incus.ExecRequest{Command: command, Env: env, User: u.UID, Group: u.GID, Cwd: cwd}
 }

@@ -52,3 +52,27 @@ func TestUserExec(t *testing.T) {
 		t.Errorf("a box without /etc/passwd: %q uid %d", bare.Command, bare.User)
 	}
 }
+
+// Incus's exec drops supplementary groups: a user with groups (docker) runs through setpriv,
+// started as root, which takes the user's ids and groups; without setpriv, or without
+// groups, the exec itself sets the ids.
+func TestUserExecGroups(t *testing.T) {
+	group := "root:x:0:\nsudo:x:27:\ndocker:x:998:claude\nclaudes:x:1001:claudette\nusers:x:100:alice,claude,bob\nbroken\n"
+	if g := ParseGroups(group, "claude"); !slices.Equal(g, []string{"docker", "users"}) {
+		t.Fatalf("groups of claude: %v", g)
+	}
+	if g := ParseGroups(group, "nobody"); len(g) != 0 {
+		t.Fatalf("groups of nobody: %v", g)
+	}
+	u := BoxUser{Name: "claude", UID: 1000, GID: 1000, Home: "/home/claude", Shell: "/bin/bash", HomeExists: true,
+		Groups: []string{"docker"}, Setpriv: "/usr/bin/setpriv"}
+	req := UserExec(u, []string{"docker", "ps"})
+	want := []string{"/usr/bin/setpriv", "--reuid=1000", "--regid=1000", "--init-groups", "--", "/bin/bash", "-l", "-c", `exec "$@"`, "bash", "docker", "ps"}
+	if !slices.Equal(req.Command, want) || req.User != 0 || req.Group != 0 || req.Env["HOME"] != "/home/claude" {
+		t.Fatalf("with groups: %q uid %d gid %d env %v", req.Command, req.User, req.Group, req.Env)
+	}
+	u.Setpriv = ""
+	if req := UserExec(u, []string{"true"}); req.User != 1000 || req.Command[0] != "/bin/bash" {
+		t.Errorf("without setpriv: %q uid %d", req.Command, req.User)
+	}
+}

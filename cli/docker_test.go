@@ -60,7 +60,10 @@ func TestDockerInBox(t *testing.T) {
 	if err := c.PushFile(ctx, box, dir+"/Dockerfile", strings.NewReader(dockerfile), 0o644, templates.UserUID, templates.UserUID); err != nil {
 		t.Fatal(err)
 	}
-	// As user claude (group docker), no sudo.
+	// As user claude (group docker), no sudo: claudebox exec gives the user its groups.
+	if r := h.expect(0, "", "exec", box, "--", "id", "-Gn"); !strings.Contains(r.stdout, "docker") {
+		t.Fatalf("claudebox exec as claude: groups %q lack docker", r.stdout)
+	}
 	h.expect(0, "", "exec", box, "--", "sh", "-c", "cd "+dir+" && DOCKER_BUILDKIT=0 docker build -q -t cbtest .")
 	r := h.expect(0, "claudebox", "exec", box, "--", "docker", "run", "--rm", "cbtest", "version")
 	t.Logf("docker run: %s", strings.TrimSpace(r.stdout))
