@@ -17,7 +17,9 @@ import (
 // listener) and nowhere else: not at the host's other addresses, not from the LAN decoy.
 // Two layers hold it: the proxy listens on loopback only (LayerExposeLoopback), and the guard
 // answers the exposed port with a reset unless it is addressed to loopback (LayerHostGuard).
-// Both give a reset, as a closed port does, so a row is red only when both are off.
+// Both give a reset, as a closed port does, so a row is red only when both are off. From a
+// box, the layers that keep a box off the host drop it first; for the exposure a drop and a
+// reset are the same verdict (the port was not reached), and only an answer is a hole.
 
 // ClaimExposure is the exposure claim's name.
 const ClaimExposure = "an exposed port reaches this host's loopback only"
@@ -48,16 +50,18 @@ var (
 		return []Endpoint{{Key: "exposure", Label: fmt.Sprintf("%s's exposure on %s", t.ExposedBox, t.Exposure),
 			Addr: t.Exposure.Addr(), Port: int(t.Exposure.Port())}}
 	}}
-	// ToExposureHostAddrs is the exposed port at every other host address.
-	ToExposureHostAddrs = Selector{"the exposed port at every other host address", func(t *Topology, _ Endpoint) []Endpoint {
-		if !t.Exposure.IsValid() {
-			return nil
-		}
-		var out []Endpoint
-		for _, a := range t.HostAddrs {
-			out = append(out, Endpoint{Key: a.String(), Label: fmt.Sprintf("host %s:%d", a, t.Exposure.Port()), Addr: a, Port: int(t.Exposure.Port())})
-		}
-		return out
+	// ToExposureHostAddrs is the exposed port at every host address but loopback.
+	ToExposureHostAddrs = Selector{"the exposed port at every host address", func(t *Topology, _ Endpoint) []Endpoint {
+		return exposureAt(t, func(netip.Addr) bool { return true })
+	}}
+	// ToExposureGateway and ToExposureOtherHostAddrs split ToExposureHostAddrs for the
+	// boxes' rows: a box reaches the gateway and the host's other addresses through
+	// different layers.
+	ToExposureGateway = Selector{"the exposed port at the gateway", func(t *Topology, from Endpoint) []Endpoint {
+		return exposureAt(t, func(a netip.Addr) bool { return a == t.Gateway.Addr() })
+	}}
+	ToExposureOtherHostAddrs = Selector{"the exposed port at every other host address", func(t *Topology, from Endpoint) []Endpoint {
+		return exposureAt(t, func(a netip.Addr) bool { return a != t.Gateway.Addr() })
 	}}
 	// ToExposureDecoySide is the exposed port at the host's address on the decoy's LAN side.
 	ToExposureDecoySide = Selector{"the exposed port at the host's LAN-side address", func(t *Topology, _ Endpoint) []Endpoint {
@@ -71,6 +75,20 @@ var (
 	}
 )
 
+// exposureAt is the exposed port at the host addresses keep selects.
+func exposureAt(t *Topology, keep func(netip.Addr) bool) []Endpoint {
+	if !t.Exposure.IsValid() {
+		return nil
+	}
+	var out []Endpoint
+	for _, a := range t.HostAddrs {
+		if keep(a) {
+			out = append(out, Endpoint{Key: a.String(), Label: fmt.Sprintf("host %s:%d", a, t.Exposure.Port()), Addr: a, Port: int(t.Exposure.Port())})
+		}
+	}
+	return out
+}
+
 var exposureClaims = []ClaimRow{
 	{Key: "ctl/exposed", Claim: ClaimControl, Kind: KindExposed, ID: "ctl/host>exposure", From: FromHost, To: ToExposure,
 		Expect: Open, Probe: toExposedPort},
@@ -80,6 +98,14 @@ var exposureClaims = []ClaimRow{
 	{Key: "exposure/lan", Claim: ClaimExposure, Kind: KindExposedBeyond, ID: "exposure/decoy>{to}", From: FromDecoy, To: ToExposureDecoySide,
 		Expect: Refused, Probe: toExposedPort, Controls: []Control{{"ctl/exposed", EndHost, EndHost}},
 		Holds: any1(LayerExposeLoopback, LayerHostGuard)},
+	// From the boxes (the exposed one included: its own port at the host is no way back into
+	// the host): a box reaches no host address anyway, and the exposed port is no exception.
+	{Key: "exposure/box-gateway", Claim: ClaimExposure, Kind: KindExposedBeyond, ID: "exposure/{from}>{to}", From: FromBoxes, To: ToExposureGateway,
+		Expect: Refused, Probe: toExposedPort, Controls: []Control{{"ctl/exposed", EndHost, EndHost}, inetTCP},
+		Holds: any1(LayerExposeLoopback, LayerHostGuard, LayerACL, LayerWall)},
+	{Key: "exposure/box-host", Claim: ClaimExposure, Kind: KindExposedBeyond, ID: "exposure/{from}>{to}", From: FromBoxes, To: ToExposureOtherHostAddrs,
+		Expect: Refused, Probe: toExposedPort, Controls: []Control{{"ctl/exposed", EndHost, EndHost}, inetTCP},
+		Holds: any1(LayerExposeLoopback, LayerHostGuard, LayerWall, LayerL2Ranges)},
 }
 
 // exposeFirstBox starts exposing the first network box's listener on a loopback port of the

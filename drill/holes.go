@@ -45,6 +45,7 @@ var Holes = append(singleHoles(),
 	hole("no-hosts and local answers removed", LayerNoHosts, LayerLocalAnswers),
 	hole("no-ident and local answers removed", LayerNoIdent, LayerLocalAnswers),
 	hole("exposure beyond loopback + host input guard removed", LayerExposeLoopback, LayerHostGuard),
+	hole("exposure beyond loopback + wall + host input guard + ACL + L2 ranges off", LayerExposeLoopback, LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
 )
 
 var holeNames = map[Layer]string{

@@ -305,6 +305,9 @@ func Observe(c Case, res probes.Result) Outcome {
 		// the path to the box is not there.
 		return Refused
 	}
+	if c.Kind == KindExposedBeyond && res.Outcome == probes.Dropped {
+		return Refused // not reached either way: only an answer opens the exposure claim
+	}
 	switch c.Probe.Kind {
 	case probes.KindDNS:
 		if c.Expected == NoSuchName && res.DNS != nil && res.DNS.Answered {

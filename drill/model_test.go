@@ -83,7 +83,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"ctl/soak": 1, "ctl/soak-public": 3, "soak/decoys": 3, "soak/host": 3, "soak/conntrack-out": 1,
 		"dhcp/relay": 6, "frames/unknown-unicast": 3,
 		"ctl/restarted": 1, "restart/sibling-ip": 2, "restart/release": 2, "restart/release-intact": 2,
-		"ctl/exposed": 1, "exposure/host-addr": 2, "exposure/lan": 1,
+		"ctl/exposed": 1, "exposure/host-addr": 2, "exposure/lan": 1, "exposure/box-gateway": 3, "exposure/box-host": 3,
 		"ctl/stat-proc": 3, "res/guest-api": 3, "res/subvolume": 1,
 		"res/limits": 4, "ctl/res-spawn": 1, "ctl/res-host-spawn": 1, "res/fork-bomb": 1,
 		"ctl/res-alloc": 1, "ctl/res-host-alloc": 1, "res/mem-hog": 1, "ctl/res-write": 1, "res/disk-fill": 1,
