@@ -37,7 +37,7 @@ func TestCompletionFromTable(t *testing.T) {
 		{"claudebox list --format = c", []string{"csv"}}, // bash splits at "="
 		{"claudebox host check --format ", Formats},
 		{"claudebox drill --format t", []string{"table"}},
-		{"claudebox new --template ", []string{"blank", "claude"}},
+		{"claudebox new --template ", []string{"blank", "claude", "docker"}},
 		{"claudebox new --name x --template b", []string{"blank"}},
 		{"claudebox rm --", []string{"--force", "--help", "--remote", "--yes"}},
 		{"claudebox stop --", []string{"--help", "--kill", "--remote"}}, // the hidden --force is not offered
