@@ -1,12 +1,22 @@
 package cli
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/boxcore/templates"
 	"github.com/claudebox/claudebox/internal/cloudimage"
 	"github.com/claudebox/claudebox/internal/testenv"
@@ -25,7 +35,14 @@ func TestDockerInBox(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cloud image: %v", err)
 	}
-	h := &harness{t: t, c: c, stack: teststack.New(t, c, "docker"), image: img.Alias}
+	// On the product's btrfs pool, with the seccomp rule every box gets: there Docker's own
+	// btrfs driver cannot make its subvolumes (the attacker found every docker run failing on
+	// it; the test stacks' dir pool hid it).
+	pool, _, err := c.StoragePool(ctx, boxcore.PoolName)
+	if err != nil || pool.Driver != "btrfs" {
+		t.Fatalf("the docker test runs on the btrfs pool %s that make setup makes: %+v %v", boxcore.PoolName, pool, err)
+	}
+	h := &harness{t: t, c: c, stack: teststack.NewOnPool(t, c, "docker", boxcore.PoolName), image: img.Alias}
 	box := h.name("dk")
 	h.removeLater(box)
 	start := time.Now()
@@ -44,6 +61,12 @@ func TestDockerInBox(t *testing.T) {
 		if in.Config[k] != v {
 			t.Errorf("the box lacks the template's %s=%s: %q", k, v, in.Config[k])
 		}
+	}
+	if in.Config[boxcore.KeySyscallsDeny] != boxcore.SubvolumeDeny {
+		t.Errorf("the box lacks the subvolume deny every container box gets")
+	}
+	if r := h.expect(0, "", "exec", box, "--", "docker", "info", "--format", "{{.Driver}}"); strings.TrimSpace(r.stdout) != "overlay2" {
+		t.Errorf("docker's storage driver %q, want overlay2", r.stdout)
 	}
 
 	// The image: the claudebox binary (static) as the only file, built in the box.
@@ -67,6 +90,18 @@ func TestDockerInBox(t *testing.T) {
 	h.expect(0, "", "exec", box, "--", "sh", "-c", "cd "+dir+" && DOCKER_BUILDKIT=0 docker build -q -t cbtest .")
 	r := h.expect(0, "claudebox", "exec", box, "--", "docker", "run", "--rm", "cbtest", "version")
 	t.Logf("docker run: %s", strings.TrimSpace(r.stdout))
+	// Whiteouts: an image whose second layer deletes a file of the first (what most
+	// registry images hold), loaded from a docker-archive and run; the file is gone.
+	archive := whiteoutArchive(t, bin)
+	if err := c.PushFile(ctx, box, dir+"/wh.tar", bytes.NewReader(archive), 0o644, templates.UserUID, templates.UserUID); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(0, "Loaded image", "exec", box, "--", "docker", "load", "-i", dir+"/wh.tar")
+	h.expect(0, "", "exec", box, "--", "sh", "-c", "docker create --name whc cbwhiteout version >/dev/null")
+	files := h.expect(0, "", "exec", box, "--", "sh", "-c", "docker export whc | tar -t; docker rm whc >/dev/null").stdout
+	if !strings.Contains(files, "kept") || strings.Contains(files, "deleted") {
+		t.Errorf("the whiteout layer did not apply: the container's files:\n%s", files)
+	}
 	// The container's network is Docker's bridge inside the box: it reaches the box's
 	// resolver (the gateway's DNS, which answers NXDOMAIN for a name under .invalid).
 	gw := strings.TrimSpace(h.expect(0, "", "exec", box, "--", "sh", "-c", "ip -4 route show default | cut -d' ' -f3").stdout)
@@ -75,4 +110,53 @@ func TestDockerInBox(t *testing.T) {
 	if !strings.Contains(r.stdout, "NXDOMAIN") {
 		t.Errorf("a container on Docker's bridge did not reach the box's resolver:\n%s", r.stdout)
 	}
+}
+
+// whiteoutArchive is a docker-archive (the format of docker save) of an image of two layers:
+// the first holds /cb (bin), /kept and /deleted, the second only the whiteout of /deleted.
+func whiteoutArchive(t *testing.T, bin []byte) []byte {
+	t.Helper()
+	layer := func(files map[string][]byte) []byte {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		for _, name := range slices.Sorted(maps.Keys(files)) {
+			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = tw.Write(files[name])
+		}
+		_ = tw.Close()
+		return b.Bytes()
+	}
+	layers := [][]byte{
+		layer(map[string][]byte{"cb": bin, "kept": []byte("k\n"), "deleted": []byte("d\n")}),
+		layer(map[string][]byte{".wh.deleted": nil}),
+	}
+	var diffIDs, paths []string
+	files := map[string][]byte{}
+	for i, l := range layers {
+		sum := sha256.Sum256(l)
+		diffIDs = append(diffIDs, "sha256:"+hex.EncodeToString(sum[:]))
+		p := fmt.Sprintf("layer%d/layer.tar", i)
+		paths = append(paths, p)
+		files[p] = l
+	}
+	config, _ := json.Marshal(map[string]any{
+		"architecture": runtime.GOARCH, "os": "linux",
+		"config": map[string]any{"Entrypoint": []string{"/cb"}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": diffIDs},
+	})
+	files["config.json"] = config
+	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{"cbwhiteout:latest"}, "Layers": paths}})
+	files["manifest.json"] = manifest
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tw.Write(files[name])
+	}
+	_ = tw.Close()
+	return out.Bytes()
 }

@@ -73,8 +73,9 @@ func (c *Client) Exec(ctx context.Context, inst string, req ExecRequest) (ExecRe
 
 // attachFailed is Incus's error for an exec whose process could not be attached to the
 // instance: its forkexec never reported a PID, so the command never ran. Measured on 6.0.4:
-// a box with syscall interception (the docker template's mknod and setxattr) failed about
-// one exec in twenty this way under a dozen concurrent ones; a box without it, none.
+// a box with syscall interception (security.syscalls.intercept.mknod/setxattr, which the
+// docker template first set) failed about one exec in twenty this way under a dozen
+// concurrent ones; a box without it, none.
 const attachFailed = "Failed to retrieve PID of executing child process"
 
 // neverStarted: the exec failed before its command ran.

@@ -344,7 +344,7 @@ func TestIntegration(t *testing.T) {
 		}
 	})
 
-	// A box with syscall interception (the docker template's) failed about one exec in
+	// A box with syscall interception (as the docker template first had) failed about one exec in
 	// twenty under a dozen concurrent ones: Incus could not attach the process ("Failed to
 	// retrieve PID of executing child process"), the command never ran. Asked for again,
 	// every exec runs.

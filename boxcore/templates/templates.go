@@ -2,9 +2,10 @@
 // made from (default image for VMs and for containers, default resources) and what
 // cloud-init does on its first boot (a text/template of #cloud-config user-data).
 //
-// Two templates ship: "claude" (the default) — user `claude` with Claude Code installed and
-// not logged in, plus the global ~/.claude/CLAUDE.md that tells the agent where it is — and
-// "blank" — user `claude` with passwordless sudo and nothing else.
+// Three templates ship: "claude" (the default) — user `claude` with Claude Code installed and
+// not logged in, plus the global ~/.claude/CLAUDE.md that tells the agent where it is —,
+// "docker" — the same plus Docker, and nesting for container boxes — and "blank" — user
+// `claude` with passwordless sudo and nothing else.
 //
 // Templates are YAML files in this directory, decoded strictly: an unknown key is an error,
 // so a typo cannot silently drop a setting. Rendered user-data never holds a credential:
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -72,6 +74,9 @@ type Template struct {
 	// UserGroups are groups user claude joins once the packages are in (a package such as
 	// docker.io creates its group), as .UserGroups in user_data.
 	UserGroups []string `yaml:"user_groups"`
+	// Files are root-owned files written at first boot before the packages are installed
+	// (a package's configuration: docker's daemon.json), as .Files in user_data.
+	Files []File `yaml:"files"`
 	// Claude says how Claude Code is installed; nil means it is not installed.
 	Claude *Claude `yaml:"claude"`
 	// ClaudeMD is the global ~/.claude/CLAUDE.md for user claude ("" = none).
@@ -81,6 +86,13 @@ type Template struct {
 	UserData string `yaml:"user_data"`
 
 	tmpl *template.Template
+}
+
+// File is one file a template writes, root-owned.
+type File struct {
+	Path        string `yaml:"path"`
+	Permissions string `yaml:"permissions"` // octal, e.g. "0644"
+	Content     string `yaml:"content"`
 }
 
 // Images are the default image refs of a template.
@@ -160,6 +172,7 @@ type userDataData struct {
 	Claude        *Claude
 	Packages      []string // the template's extra packages
 	UserGroups    []string // groups the user joins after the packages
+	Files         []File   // root-owned files written before the packages
 }
 
 // InstallScriptPath is where user-data writes the Claude install script in the box.
@@ -296,6 +309,7 @@ var (
 	hexSHA512  = regexp.MustCompile(`^[0-9a-f]{128}$`)
 	semver     = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
 	size       = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)$`)
+	octalMode  = regexp.MustCompile(`^0[0-7]{3}$`)
 	debPackage = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
 	label      = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
 )
@@ -344,6 +358,14 @@ func (t *Template) checkBox(p *problems) {
 	for _, pk := range t.Packages {
 		if !debPackage.MatchString(pk) {
 			p.add("packages: %q is not a Debian package name", pk)
+		}
+	}
+	for _, f := range t.Files {
+		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || strings.ContainsAny(f.Path, " \n\t\"'") {
+			p.add("files: %q is not a clean absolute path", f.Path)
+		}
+		if !octalMode.MatchString(f.Permissions) {
+			p.add("files: %s: permissions %q are not an octal mode like \"0644\"", f.Path, f.Permissions)
 		}
 	}
 	for _, g := range t.UserGroups {
@@ -425,7 +447,7 @@ func (t Template) Render(p Params) (string, error) {
 	d := userDataData{
 		Hostname: p.Hostname, User: User, UID: UserUID, Home: Home,
 		ClaudeMD: t.ClaudeMD, Claude: t.Claude, InstallPath: InstallScriptPath,
-		Packages: t.Packages, UserGroups: t.UserGroups,
+		Packages: t.Packages, UserGroups: t.UserGroups, Files: t.Files,
 	}
 	if t.Claude != nil {
 		var sb strings.Builder

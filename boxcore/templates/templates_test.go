@@ -238,13 +238,22 @@ func TestDockerTemplate(t *testing.T) {
 	if tp.Resources.Disk != "30GiB" {
 		t.Errorf("its own disk size lost: %+v", tp.Resources)
 	}
-	want := map[string]string{"security.nesting": "true", "security.syscalls.intercept.mknod": "true", "security.syscalls.intercept.setxattr": "true"}
+	want := map[string]string{"security.nesting": "true"}
 	if !maps.Equal(tp.ContainerConfig, want) || len(base.ContainerConfig) != 0 {
 		t.Errorf("container_config: docker %v, claude %v; want %v on docker only", tp.ContainerConfig, base.ContainerConfig, want)
 	}
 	_, c := render(t, tp)
 	if !slices.Contains(c.Packages, "docker.io") || !slices.Contains(c.Packages, "git") {
 		t.Errorf("packages %v: want claude's and docker.io", c.Packages)
+	}
+	if content, owner, _, ok := c.file("/etc/docker/daemon.json"); !ok || owner != "root:root" || !strings.Contains(content, `"storage-driver": "overlay2"`) {
+		t.Errorf("daemon.json: present %v owner %q content %q; want overlay2 (the btrfs driver's subvolumes are denied)", ok, owner, content)
+	}
+	if _, _, _, ok := func() (string, string, bool, bool) {
+		_, cc := render(t, base)
+		return cc.file("/etc/docker/daemon.json")
+	}(); ok {
+		t.Error("the claude template writes docker's daemon.json")
 	}
 	usermod := []string{"usermod", "--append", "--groups", "docker", User}
 	if len(c.Runcmd) != 2 || !slices.Equal(c.Runcmd[0], usermod) || !slices.Equal(c.Runcmd[1], []string{InstallScriptPath}) {
@@ -256,6 +265,8 @@ func TestDockerTemplate(t *testing.T) {
 		"two levels":  "description: x\nextends: mid\n",
 		"bad package": "extends: claude\npackages: [\"rm -rf\"]\n",
 		"user key":    "extends: claude\ncontainer_config:\n  user.x: y\n",
+		"file path":   "extends: claude\nfiles:\n  - {path: etc/x, permissions: \"0644\", content: x}\n",
+		"file mode":   "extends: claude\nfiles:\n  - {path: /etc/x, permissions: \"644\", content: x}\n",
 	} {
 		files := map[string][]byte{"self": []byte(yml), "mid": []byte("extends: claude\n"), "claude": []byte(file(t, "claude.yaml"))}
 		if _, err := parseOn("self", files, "notes", "#!/bin/sh\n"); err == nil {

@@ -54,12 +54,23 @@ func marked(name string) boxcore.Stack {
 // its teardown.
 func New(t testing.TB, c *incus.Client, component string) boxcore.Stack {
 	t.Helper()
+	return NewOnPool(t, c, component, "")
+}
+
+// NewOnPool is New with the stack's boxes on an existing storage pool of the host (the
+// product's btrfs pool, where a test must see what a real box sees; "": the test stacks'
+// own); the teardown leaves the pool alone.
+func NewOnPool(t testing.TB, c *incus.Client, component, pool string) boxcore.Stack {
+	t.Helper()
 	Sweep(t, c)
 	s := Stack(component)
+	if pool != "" {
+		s.Pool = pool
+	}
 	t.Cleanup(func() { Remove(t, c, s) })
 	h := boxcore.NewHost(c, s)
 	if _, err := h.Init(context.Background(), boxcore.InitOptions{DNS: "host"}); err != nil {
-		t.Fatalf("init test stack %s: %v", s.Network, err)
+		t.Fatalf("init test stack %s on pool %s: %v", s.Network, s.Pool, err)
 	}
 	return s
 }
