@@ -11,9 +11,9 @@ import (
 
 // The nested claim: a container that Docker runs inside a box reaches what the box reaches
 // and nothing more. The first box carries the docker template's container settings
-// (nesting, the mknod and setxattr interception), and its probe agent builds a container
-// the way Docker's default bridge network does — new namespaces behind a veth pair, the box
-// forwarding and masquerading them out of eth0 — and runs the rows below from inside it.
+// (nesting), and its probe agent builds a container the way Docker's default bridge network
+// does — new namespaces behind a veth pair, the box forwarding and masquerading them out of
+// eth0 — and runs the rows below from inside it.
 // They are the box rows of the same name with the nested container as their source: same
 // expectation, same layers (the packets leave the box as the box's own), and their controls
 // are the nested container's own where the box row's were the box's.
