@@ -61,3 +61,9 @@ vet:
 
 clean:
 	rm -rf bin
+
+# A real three-member Incus cluster on this machine, beside the host's daemon (network
+# namespaces, one INCUS_DIR each): internal/testcluster builds it and removes it all.
+.PHONY: test-cluster
+test-cluster:
+	CLAUDEBOX_CLUSTER_TESTS=1 $(GO) test ./internal/testcluster/ -count=1 -v
