@@ -3,6 +3,7 @@ package boxcore
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 )
@@ -233,6 +234,26 @@ func (c *checker) kernel(st *StackState) {
 	} else {
 		c.add("ipv6", s.Network+" disable_ipv6", "1", "unreadable: "+st.IPv6Err.Error())
 	}
+	c.note("apparmor", "confinement of the boxes' processes", appArmorState(appArmorEnabledFile))
+}
+
+// appArmorEnabledFile says whether the kernel's AppArmor is on ("Y").
+var appArmorEnabledFile = "/sys/module/apparmor/parameters/enabled"
+
+// appArmorState is host check's reading of AppArmor. Incus confines every container with an
+// AppArmor profile where the kernel has it; where it does not (this project's machines), the
+// boxes run unconfined: nothing claudebox can switch on, but one protection fewer under the
+// namespaces and cgroups, which the attacker of the docker template noted. Information, not
+// drift.
+func appArmorState(path string) string {
+	b, err := os.ReadFile(path)
+	switch {
+	case err != nil:
+		return "not in this kernel: boxes run unconfined (user namespaces, cgroups, seccomp and the network layers still hold)"
+	case strings.TrimSpace(string(b)) == "Y":
+		return "enabled: Incus confines each box with its own profile"
+	}
+	return "disabled (" + strings.TrimSpace(string(b)) + "): boxes run unconfined (user namespaces, cgroups, seccomp and the network layers still hold)"
 }
 
 func (h *Host) checkUnit(c *checker) {
