@@ -605,7 +605,8 @@ func TestExecControlStallRetried(t *testing.T) {
 				n := execs.Add(1)
 				id := fmt.Sprintf("ex%d", n)
 				writeJSON(w, 202, async(id, map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
-			case "/1.0/operations/ex1/websocket", "/1.0/operations/ex2/websocket", "/1.0/operations/ex3/websocket":
+			case "/1.0/operations/ex1/websocket", "/1.0/operations/ex2/websocket", "/1.0/operations/ex3/websocket",
+				"/1.0/operations/ex4/websocket", "/1.0/operations/ex5/websocket":
 				if r.URL.Path == "/1.0/operations/ex1/websocket" || stallEvery {
 					time.Sleep(400 * time.Millisecond) // the handshake stalls
 					return
@@ -619,7 +620,7 @@ func TestExecControlStallRetried(t *testing.T) {
 					_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
 				}
 				_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
-			case "/1.0/operations/ex2/wait", "/1.0/operations/ex3/wait":
+			case "/1.0/operations/ex2/wait", "/1.0/operations/ex3/wait", "/1.0/operations/ex4/wait", "/1.0/operations/ex5/wait":
 				time.Sleep(50 * time.Millisecond)
 				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
 			default:
@@ -633,8 +634,8 @@ func TestExecControlStallRetried(t *testing.T) {
 		c.SetHandshakeTimeout(100 * time.Millisecond)
 		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
 		switch {
-		case stallEvery && (err == nil || !strings.Contains(err.Error(), "did not connect in time") || ran.Load() != 0 || execs.Load() != 3):
-			t.Errorf("a stall on every attempt: %v after %d execs, command ran %d times; want an error after 3, never run", err, execs.Load(), ran.Load())
+		case stallEvery && (err == nil || !strings.Contains(err.Error(), "did not connect in time") || ran.Load() != 0 || execs.Load() != 5):
+			t.Errorf("a stall on every attempt: %v after %d execs, command ran %d times; want an error after 5, never run", err, execs.Load(), ran.Load())
 		case !stallEvery && (err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2):
 			t.Errorf("one stall: %q, %v after %d execs; want ok after 2", r.Stdout, err, execs.Load())
 		}

@@ -151,11 +151,15 @@ func shellCode(err error) (int, bool) {
 
 func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
 	op, conns, err := c.startExec(ctx, inst, req, tty, width, height)
-	for attempt := 1; err != nil && errors.Is(err, errControlStalled) && attempt < execAttempts && ctx.Err() == nil; attempt++ {
+	for attempt := 1; err != nil && errors.Is(err, errControlStalled) && attempt < stallAttempts && ctx.Err() == nil; attempt++ {
 		// The control socket is connected first and the command starts only once the data
-		// sockets are: it never ran, so it is asked for again (a CI run's daemon, loaded by
-		// the whole suite, took over 10 s to answer one handshake, and another let its own 5 s
-		// bound for the sockets run out).
+		// sockets are: it never ran, so it is asked for again, after a pause that grows (a CI
+		// run's daemon, loaded by the whole suite, took over 10 s to answer one handshake;
+		// another let its own 5 s bound for the sockets run out three times in a row).
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
+		}
 		op, conns, err = c.startExec(ctx, inst, req, tty, width, height)
 	}
 	if err != nil {
@@ -287,8 +291,13 @@ func (c *Client) refusedBecause(ctx context.Context, opID string, refusal error)
 	return opErr
 }
 
-// execAttempts bounds how often an exec whose control handshake stalled is asked for.
-const execAttempts = 3
+// execAttempts bounds how often an exec the daemon could not attach is asked for, and
+// stallAttempts one whose websockets did not connect in time (each may take the daemon's 5 s
+// bound: 5 attempts and their pauses stay under 40 s).
+const (
+	execAttempts  = 3
+	stallAttempts = 5
+)
 
 func isTimeout(err error) bool {
 	var ne net.Error
