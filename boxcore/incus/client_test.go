@@ -59,6 +59,15 @@ func op(id string, code int, errText string, md map[string]any) map[string]any {
 	return sync(map[string]any{"id": id, "status": status, "status_code": code, "err": errText, "metadata": md})
 }
 
+// cancelledOrNotFound answers an exec test's operation cancel (DELETE) and nothing else.
+func cancelledOrNotFound(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodDelete {
+		writeJSON(w, 200, map[string]any{"type": "sync", "status_code": 200})
+		return
+	}
+	writeJSON(w, 404, apiErr(404, "not found"))
+}
+
 func fakeServer(t *testing.T, h http.HandlerFunc) *incus.Client {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -624,11 +633,7 @@ func TestExecControlStallRetried(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
 			default:
-				if r.Method == http.MethodDelete {
-					writeJSON(w, 200, map[string]any{"type": "sync", "status_code": 200})
-					return
-				}
-				writeJSON(w, 404, apiErr(404, "not found"))
+				cancelledOrNotFound(w, r)
 			}
 		})
 		c.SetHandshakeTimeout(100 * time.Millisecond)
@@ -717,11 +722,7 @@ func TestExecRefusedSocketExplained(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
 			default:
-				if r.Method == http.MethodDelete {
-					writeJSON(w, 200, map[string]any{"type": "sync", "status_code": 200})
-					return
-				}
-				writeJSON(w, 404, apiErr(404, "not found"))
+				cancelledOrNotFound(w, r)
 			}
 		})
 		if firstEnd == "Command not found" {

@@ -56,19 +56,10 @@ type execPost struct {
 
 // Exec runs a command in a running instance and captures its output and exit code. A
 // command that runs and exits non-zero is not an error: see ExitCode.
-//
-// An exec whose command the daemon could not start (see neverStarted) is asked for again,
-// up to execAttempts times, when its stdin can be given again: none, or a reader that seeks.
 func (c *Client) Exec(ctx context.Context, inst string, req ExecRequest) (ExecResult, error) {
-	rewind := rewinder(req.Stdin)
-	for attempt := 1; ; attempt++ {
-		var out, errb bytes.Buffer
-		code, err := c.execWS(ctx, inst, req, false, req.Stdin, &out, &errb, 0, 0)
-		if err != nil && neverStarted(err) && attempt < execAttempts && ctx.Err() == nil && rewind() {
-			continue
-		}
-		return ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), ExitCode: code}, err
-	}
+	var out, errb bytes.Buffer
+	code, err := c.execWS(ctx, inst, req, false, req.Stdin, &out, &errb, 0, 0)
+	return ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), ExitCode: code}, err
 }
 
 // attachFailed is Incus's error for an exec whose process could not be attached to the
@@ -120,11 +111,7 @@ func (c *Client) ExecInteractive(ctx context.Context, inst string, req ExecReque
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	rewind := rewinder(stdin)
 	code, err := c.execWS(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
-	for attempt := 2; err != nil && neverStarted(err) && attempt <= execAttempts && ctx.Err() == nil && rewind(); attempt++ {
-		code, err = c.execWS(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
-	}
 	if err != nil && ctx.Err() == nil {
 		if n, ok := shellCode(err); ok {
 			return n, nil
@@ -149,7 +136,23 @@ func shellCode(err error) (int, bool) {
 	return 0, false
 }
 
+// execWS runs one exec. One the daemon could not start (see neverStarted) is asked for
+// again, up to execAttempts times, when its stdin can be given again: none, or a reader that
+// seeks. Nothing was written to stdout or stderr then: the command never ran.
 func (c *Client) execWS(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
+	rewind := rewinder(stdin)
+	for attempt := 1; ; attempt++ {
+		code, err := c.execOnce(ctx, inst, req, tty, stdin, stdout, stderr, width, height)
+		if err != nil && neverStarted(err) && attempt < execAttempts && ctx.Err() == nil && rewind() {
+			continue
+		}
+		return code, err
+	}
+}
+
+// execOnce is one exec operation: its websockets (asked for again while they stall), the
+// streams, the operation's end.
+func (c *Client) execOnce(ctx context.Context, inst string, req ExecRequest, tty bool, stdin io.Reader, stdout, stderr io.Writer, width, height int) (int, error) {
 	op, conns, err := c.startExec(ctx, inst, req, tty, width, height)
 	for attempt := 1; err != nil && errors.Is(err, errControlStalled) && attempt < stallAttempts && ctx.Err() == nil; attempt++ {
 		// The control socket is connected first and the command starts only once the data
