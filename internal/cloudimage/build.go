@@ -1,7 +1,6 @@
 package cloudimage
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -9,11 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/claudebox/claudebox/internal/mounts"
 )
 
 // rootfsFile is a file the build writes into the rootfs after debootstrap.
@@ -232,55 +232,13 @@ func unmountUnder(dir string) error {
 	if err != nil {
 		return err
 	}
-	mounts := func() []string {
-		var ms []string
-		f, err := os.Open("/proc/self/mountinfo")
-		if err != nil {
-			return nil
-		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) < 5 {
-				continue
-			}
-			mp := unescapeMount(fs[4])
-			if mp == dir || strings.HasPrefix(mp, dir+"/") {
-				ms = append(ms, mp)
-			}
-		}
-		return ms
-	}
-	ms := mounts()
-	slices.SortFunc(ms, func(a, b string) int { return len(b) - len(a) })
-	for _, m := range ms {
+	for _, m := range mounts.Under(dir) {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
-	if left := mounts(); len(left) > 0 {
+	if left := mounts.Under(dir); len(left) > 0 {
 		return fmt.Errorf("cloudimage: could not unmount %s", strings.Join(left, ", "))
 	}
 	return nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // tailLines returns the last n lines of s.

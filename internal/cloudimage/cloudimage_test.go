@@ -131,12 +131,9 @@ func TestHostMirror(t *testing.T) {
 	}
 }
 
-func TestTailAndUnescape(t *testing.T) {
+func TestTailLines(t *testing.T) {
 	if got := tailLines("a\nb\nc\n", 2); got != "b\nc" {
 		t.Errorf("tailLines = %q", got)
-	}
-	if got := unescapeMount(`/tmp/a\040b`); got != "/tmp/a b" {
-		t.Errorf("unescapeMount = %q", got)
 	}
 }
 

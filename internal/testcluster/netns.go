@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/claudebox/claudebox/internal/mounts"
 )
 
 // routeProto marks the unreachable routes this package puts in the host namespace
@@ -274,11 +276,11 @@ func cgroupMounts() ([][4]string, error) {
 		if len(fl) < 4 {
 			continue
 		}
-		target := unescapeMount(fl[1])
+		target := mounts.Unescape(fl[1])
 		if target != "/sys/fs/cgroup" && !strings.HasPrefix(target, "/sys/fs/cgroup/") {
 			continue
 		}
-		out = append(out, [4]string{fl[2], unescapeMount(fl[0]), target, fl[3]})
+		out = append(out, [4]string{fl[2], mounts.Unescape(fl[0]), target, fl[3]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -287,26 +289,6 @@ func cgroupMounts() ([][4]string, error) {
 		return nil, errors.New("no cgroup mounts under /sys/fs/cgroup in /proc/self/mounts")
 	}
 	return out, nil
-}
-
-// unescapeMount undoes /proc/self/mounts' octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // shq quotes s for /bin/sh.

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/claudebox/claudebox/internal/mounts"
 )
 
 // StateRoot holds one directory per run: StateRoot/<run>/{owner,nets,m1/,m2/,...}.
@@ -276,23 +278,7 @@ func removeCgroups(run string) {
 // unmountUnder lazily unmounts every mount of this mount namespace at or under dir,
 // deepest first, so removing dir never walks into a mounted file system.
 func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mps []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
-		}
-	}
-	sort.Slice(mps, func(i, j int) bool { return len(mps[i]) > len(mps[j]) })
-	for _, mp := range mps {
+	for _, mp := range mounts.Under(dir) {
 		_ = unix.Unmount(mp, unix.MNT_DETACH)
 	}
 }
