@@ -116,21 +116,9 @@ func TestDockerInBox(t *testing.T) {
 // the first holds /cb (bin), /kept and /deleted, the second only the whiteout of /deleted.
 func whiteoutArchive(t *testing.T, bin []byte) []byte {
 	t.Helper()
-	layer := func(files map[string][]byte) []byte {
-		var b bytes.Buffer
-		tw := tar.NewWriter(&b)
-		for _, name := range slices.Sorted(maps.Keys(files)) {
-			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
-				t.Fatal(err)
-			}
-			_, _ = tw.Write(files[name])
-		}
-		_ = tw.Close()
-		return b.Bytes()
-	}
 	layers := [][]byte{
-		layer(map[string][]byte{"cb": bin, "kept": []byte("k\n"), "deleted": []byte("d\n")}),
-		layer(map[string][]byte{".wh.deleted": nil}),
+		tarOf(t, map[string][]byte{"cb": bin, "kept": []byte("k\n"), "deleted": []byte("d\n")}, 0o755),
+		tarOf(t, map[string][]byte{".wh.deleted": nil}, 0o755),
 	}
 	var diffIDs, paths []string
 	files := map[string][]byte{}
@@ -149,14 +137,20 @@ func whiteoutArchive(t *testing.T, bin []byte) []byte {
 	files["config.json"] = config
 	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{"cbwhiteout:latest"}, "Layers": paths}})
 	files["manifest.json"] = manifest
-	var out bytes.Buffer
-	tw := tar.NewWriter(&out)
+	return tarOf(t, files, 0o644)
+}
+
+// tarOf is a tar of regular files, in name order, all of one mode.
+func tarOf(t *testing.T, files map[string][]byte, mode int64) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
 			t.Fatal(err)
 		}
 		_, _ = tw.Write(files[name])
 	}
 	_ = tw.Close()
-	return out.Bytes()
+	return b.Bytes()
 }
