@@ -54,12 +54,7 @@ func OwnConfig(k, v string) bool {
 // boxes (container_config: the docker template's nesting). Only a box of that template may
 // carry it; on any other box it is off the boundary like every security.* key.
 func templateContainerKey(tmpl, k, v string) bool {
-	t, err := templates.Get(tmpl)
-	if tmpl == "" || err != nil {
-		return false
-	}
-	tv, ok := t.ContainerConfig[k]
-	return ok && tv == v
+	return tmpl != "" && slices.Contains(containerKeyOf(k, v), tmpl)
 }
 
 // containerKeyOf names the templates whose container_config sets k to v.

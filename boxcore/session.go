@@ -117,10 +117,11 @@ func (bs *Boxes) LookupUser(ctx context.Context, b *Box, name string) (BoxUser, 
 }
 
 // UserExec is the exec request that runs cmd in the box as u, with u's uid, gid and
-// supplementary groups, in u's home, with a login environment (HOME, USER, LOGNAME, SHELL, PATH with ~/.local/bin) and
-// through u's login shell (`SHELL -l -c 'exec "$@"' SHELLNAME CMD...`), so profile settings apply
-// and the arguments reach the command as given, never re-split. An empty cmd is the
-// interactive login shell itself. A box without /etc/passwd runs cmd bare, as root.
+// supplementary groups, in u's home, with a login environment (HOME, USER, LOGNAME, SHELL,
+// PATH with ~/.local/bin) and through u's login shell (`SHELL -l -c 'exec "$@"' SHELLNAME
+// CMD...`), so profile settings apply and the arguments reach the command as given, never
+// re-split. An empty cmd is the interactive login shell itself. A box without /etc/passwd
+// runs cmd bare, as root.
 func UserExec(u BoxUser, cmd []string) incus.ExecRequest {
 	if u.NoPasswd {
 		if len(cmd) == 0 {

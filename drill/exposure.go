@@ -57,10 +57,10 @@ var (
 	// ToExposureGateway and ToExposureOtherHostAddrs split ToExposureHostAddrs for the
 	// boxes' rows: a box reaches the gateway and the host's other addresses through
 	// different layers.
-	ToExposureGateway = Selector{"the exposed port at the gateway", func(t *Topology, from Endpoint) []Endpoint {
+	ToExposureGateway = Selector{"the exposed port at the gateway", func(t *Topology, _ Endpoint) []Endpoint {
 		return exposureAt(t, func(a netip.Addr) bool { return a == t.Gateway.Addr() })
 	}}
-	ToExposureOtherHostAddrs = Selector{"the exposed port at every other host address", func(t *Topology, from Endpoint) []Endpoint {
+	ToExposureOtherHostAddrs = Selector{"the exposed port at every other host address", func(t *Topology, _ Endpoint) []Endpoint {
 		return exposureAt(t, func(a netip.Addr) bool { return a != t.Gateway.Addr() })
 	}}
 	// ToExposureDecoySide is the exposed port at the host's address on the decoy's LAN side.

@@ -84,7 +84,7 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 			} else if b := boxes[from]; b != nil {
 				res, err = e.runInBox(ctx, b, specs)
 			} else if name, ok := nestedBox(from); ok && boxes[name] != nil {
-				res, err = e.runInBox(ctx, boxes[name], specs, "--nested", e.topology().Nested.String())
+				res, err = e.runInBox(ctx, boxes[name], specs, "--nested", nestedPrefix(e.decoy).String())
 			} else {
 				err = fmt.Errorf("no box %s", from)
 			}

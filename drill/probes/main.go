@@ -67,7 +67,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return mainRun(rest, stdout, stderr)
 	case "nested-child":
-		return nestedChild(rest, Stdin, stdout, stderr)
+		return nestedChild(rest, stdout, stderr)
 	case "collect":
 		if len(rest) != 1 {
 			fmt.Fprintln(stderr, "probe collect: want the detached run's results file")

@@ -164,7 +164,7 @@ func masquerade(prefix netip.Prefix, iface string) error {
 // nestedChild is `probe nested-child ADDR/BITS GATEWAY`, inside the new namespaces: it waits
 // until the box moved the peer in, brings it up as eth0 with a default route via the box,
 // then runs the specs on stdin like `probe run`.
-func nestedChild(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func nestedChild(args []string, stdout, stderr io.Writer) int {
 	if len(args) != 2 {
 		fmt.Fprintln(stderr, "probe nested-child: want ADDR/BITS and the gateway")
 		return ExitUsage
@@ -186,15 +186,9 @@ func nestedChild(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "probe nested-child: %v\n", err)
 		return ExitError
 	}
-	data, err := io.ReadAll(stdin)
-	if err != nil {
-		fmt.Fprintf(stderr, "probe nested-child: reading stdin: %v\n", err)
-		return ExitError
-	}
-	specs, err := ParseSpecs(data)
-	if err != nil {
-		fmt.Fprintf(stderr, "probe nested-child: %v\n", err)
-		return ExitUsage
+	specs, code := readSpecs("probe nested-child", nil, stderr)
+	if specs == nil {
+		return code
 	}
 	return printJSON(stdout, stderr, RunMany(context.Background(), specs))
 }
