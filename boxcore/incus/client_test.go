@@ -784,3 +784,44 @@ func TestExecAttachFailureRetried(t *testing.T) {
 		}
 	}
 }
+
+// A data socket that stalls before the last one has connected stalls an exec whose command
+// has not started (it waits for them all): asked for again, it runs once. A CI run's daemon
+// answered the control socket, then let fd 0's handshake run past the client's bound.
+func TestExecDataSocketStallRetried(t *testing.T) {
+	up := websocket.Upgrader{}
+	var execs, ran atomic.Int32
+	c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/1.0/instances/x/exec":
+			n := execs.Add(1)
+			writeJSON(w, 202, async(fmt.Sprintf("ex%d", n), map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+		case strings.HasSuffix(r.URL.Path, "/websocket"):
+			if strings.Contains(r.URL.Path, "ex1") && r.URL.Query().Get("secret") == "s0" {
+				time.Sleep(400 * time.Millisecond) // fd 0's handshake stalls
+				return
+			}
+			ws, err := up.Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			if r.URL.Query().Get("secret") == "s1" {
+				ran.Add(1)
+				_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
+			}
+			if r.URL.Query().Get("secret") != "s0" {
+				_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+			}
+		case r.URL.Path == "/1.0/operations/ex2/wait":
+			time.Sleep(50 * time.Millisecond)
+			writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
+		default:
+			cancelledOrNotFound(w, r)
+		}
+	})
+	c.SetHandshakeTimeout(100 * time.Millisecond)
+	res, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
+	if err != nil || string(res.Stdout) != "ok\n" || execs.Load() != 2 || ran.Load() != 1 {
+		t.Errorf("fd 0 stalled once: %q, %v after %d execs, ran %d times; want ok after 2, once", res.Stdout, err, execs.Load(), ran.Load())
+	}
+}

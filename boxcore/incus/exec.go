@@ -261,8 +261,8 @@ func (w wsConns) closeAll() {
 }
 
 // errControlStalled: the daemon did not answer a websocket's handshake in time (ours, or its
-// own 5 s bound for them all). The command has not started then: it waits for the data
-// sockets, and the control socket is connected first.
+// own 5 s bound for them all) before the last socket. The command has not started then: it
+// waits for every data socket, and the control socket is connected first.
 var errControlStalled = errors.New("the exec's websockets did not connect in time")
 
 // wsConnectTimeout is Incus's own message for an exec whose websockets did not all connect
@@ -360,7 +360,9 @@ func (c *Client) startExec(ctx context.Context, inst string, req ExecRequest, tt
 		if err != nil {
 			conns.closeAll()
 			switch {
-			case fd == "control" && isTimeout(err):
+			case isTimeout(err) && fd != want[len(want)-1]:
+				// Not the last socket: the command waits for all the data sockets, so it has
+				// not started (a CI run's daemon stalled on fd 0 after control connected).
 				err = fmt.Errorf("%w: %w", errControlStalled, err)
 			case isRefusal(err):
 				err = c.refusedBecause(ctx, op.ID, err)
