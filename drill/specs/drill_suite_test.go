@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -84,7 +85,32 @@ func TestDrill(t *testing.T) {
 		}
 	}
 	declare()
+	var failed []string
+	ReportAfterSuite("digest", func(r Report) {
+		for _, sr := range r.SpecReports {
+			if sr.Failed() {
+				failed = append(failed, fmt.Sprintf("%s: %s", sr.FullText(), firstLines(sr.Failure.Message, 4)))
+			}
+		}
+	})
 	RunSpecs(t, "claudebox isolation drill")
+	// Ginkgo's own summary names the failed specs; CI shows only a log's tail, so the why of
+	// each (and the drill's own error) ends the output too.
+	if runErr != nil {
+		t.Errorf("the drill: %v", runErr)
+	}
+	for _, f := range failed {
+		t.Logf("failed: %s", f)
+	}
+}
+
+// firstLines is s cut to its first n lines.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = append(lines[:n], "…")
+	}
+	return strings.Join(lines, " | ")
 }
 
 func declare() {
@@ -179,21 +205,33 @@ func killAt(phase string) {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(cmd.Start()).To(Succeed())
 	paused := make(chan bool, 1)
+	var mu sync.Mutex
+	var tail []string // the drill's last lines: why it ended, when it did
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			fmt.Fprintln(GinkgoWriter, sc.Text())
+			mu.Lock()
+			tail = append(tail, sc.Text())
+			if len(tail) > 6 {
+				tail = tail[1:]
+			}
+			mu.Unlock()
 			if strings.Contains(sc.Text(), "paused at "+phase) {
 				paused <- true
 			}
 		}
 		close(paused)
 	}()
+	lastLines := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(tail, " | ") }
 	select {
 	case ok := <-paused:
-		Expect(ok).To(BeTrue(), "the drill ended before pausing at %s", phase)
+		if !ok {
+			_ = cmd.Wait()
+		}
+		Expect(ok).To(BeTrue(), "the drill ended (%v) before pausing at %s: %s", cmd.ProcessState, phase, lastLines())
 	case <-time.After(90 * time.Second):
-		Fail("the drill never paused at " + phase)
+		Fail("the drill never paused at " + phase + ": " + lastLines())
 	}
 	Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
 	_ = cmd.Wait()
