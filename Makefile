@@ -67,4 +67,4 @@ clean:
 # namespaces, one INCUS_DIR each): internal/testcluster builds it and removes it all.
 .PHONY: test-cluster
 test-cluster:
-	CLAUDEBOX_CLUSTER_TESTS=1 $(GO) test ./internal/testcluster/ -count=1 -v
+	CLAUDEBOX_CLUSTER_TESTS=1 $(GO) test ./internal/testcluster/ ./boxcore/ -run 'Cluster' -count=1 -v

@@ -44,6 +44,8 @@ type Summary struct {
 	Addresses []Address `json:"addresses" yaml:"addresses"` // every address, with its interface
 	Snapshots int       `json:"snapshots" yaml:"snapshots"`
 	Created   time.Time `json:"created" yaml:"created"` // UTC
+	// Member is the cluster member the box lives on; empty on a standalone daemon.
+	Member string `json:"member,omitempty" yaml:"member,omitempty"`
 	// Limits are the box's effective limits (its own over its profile's).
 	Limits BoxLimits `json:"limits" yaml:"limits"`
 }
@@ -108,6 +110,9 @@ func summarize(in incus.Instance) Summary {
 	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt.UTC(), IPv4: []string{}, Addresses: []Address{}, Limits: LimitsOf(in)}
 	if _, minting := in.Config[tagMint]; minting {
 		s.State = StateMinting
+	}
+	if in.Location != "none" { // a standalone daemon says "none"
+		s.Member = in.Location
 	}
 	if in.State != nil {
 		s.IPv4, s.Addresses = addresses(*in.State)

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -111,10 +113,11 @@ func writeCSV(w io.Writer, header []string, rows [][]string) error {
 // rfc3339 is how every format but the table prints a time: RFC 3339, UTC.
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-var listHeader = []string{"name", "state", "type", "ipv4", "snapshots", "created"}
+// listHeader is the CSV columns; new ones go at the end, so a script's column numbers hold.
+var listHeader = []string{"name", "state", "type", "ipv4", "snapshots", "created", "member"}
 
 func listRow(b boxcore.Summary) []string {
-	return []string{b.Name, b.State, b.Type, strings.Join(b.IPv4, " "), fmt.Sprint(b.Snapshots), rfc3339(b.Created)}
+	return []string{b.Name, b.State, b.Type, strings.Join(b.IPv4, " "), fmt.Sprint(b.Snapshots), rfc3339(b.Created), b.Member}
 }
 
 // writeList prints list's boxes in a format.
@@ -129,14 +132,24 @@ func writeList(w io.Writer, format string, list []boxcore.Summary) error {
 		}
 		return writeCSV(w, listHeader, rows)
 	}
+	// On a cluster a MEMBER column says where each box lives; a standalone host has none.
+	clustered := slices.ContainsFunc(list, func(b boxcore.Summary) bool { return b.Member != "" })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tTYPE\tIPV4\tSNAPSHOTS\tCREATED")
+	header := "NAME\tSTATE\tTYPE\tIPV4\tSNAPSHOTS\tCREATED"
+	if clustered {
+		header += "\tMEMBER"
+	}
+	fmt.Fprintln(tw, header)
 	for _, b := range list {
 		ip := strings.Join(b.IPv4, ", ")
 		if ip == "" {
 			ip = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", b.Name, b.State, b.Type, ip, b.Snapshots, b.Created.UTC().Format("2006-01-02 15:04"))
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s", b.Name, b.State, b.Type, ip, b.Snapshots, b.Created.UTC().Format("2006-01-02 15:04"))
+		if clustered {
+			line += "\t" + cmp.Or(b.Member, "-")
+		}
+		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
 }
@@ -161,6 +174,9 @@ func writeInfo(w io.Writer, format string, info boxcore.Info) error {
 		out("           not ready: a 'claudebox new' is still making it, or died before it could clean up (then: claudebox rm %s --force)", info.Name)
 	}
 	out("type:      %s", info.Type)
+	if info.Member != "" {
+		out("member:    %s (cluster member)", info.Member)
+	}
 	out("profiles:  %s", strings.Join(info.Profiles, ", "))
 	out("created:   %s", rfc3339(info.Created))
 	out("limits:    %s", limitsLine(info.Limits))

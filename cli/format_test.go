@@ -123,7 +123,7 @@ func TestOneFormatFlag(t *testing.T) {
 	rep := &drill.Report{RunID: "r1", OK: true, Verdict: "PASS"}
 	want := map[string][]string{
 		"table": {"NAME  STATE    TYPE       IPV4        SNAPSHOTS  CREATED\nwork  RUNNING  container  10.87.0.10  1          2026-12-02 11:39\n"},
-		"csv":   {"name,state,type,ipv4,snapshots,created\nwork,RUNNING,container,10.87.0.10,1,2026-12-02T11:39:00Z\n"},
+		"csv":   {"name,state,type,ipv4,snapshots,created,member\nwork,RUNNING,container,10.87.0.10,1,2026-12-02T11:39:00Z,\n"},
 		"json":  {`"ipv4": [`, `"10.87.0.10"`, `"interface": "eth0"`},
 		"yaml":  {"- name: work\n", "ipv4:\n", "- 10.87.0.10\n", "interface: eth0"},
 	}
@@ -153,5 +153,36 @@ func TestOneFormatFlag(t *testing.T) {
 	row, _, _ := findRow([]string{"drill"})
 	if !hasFlag(row, "json") || strings.Contains(runCLI("drill", "--help").stdout, "--json") {
 		t.Errorf("drill: --json must stay, hidden")
+	}
+}
+
+// On a cluster list's table gains a MEMBER column (and info a member line); a standalone
+// host's output is as before (TestOneFormatFlag).
+func TestListMemberColumn(t *testing.T) {
+	a, b := sampleInfo(), sampleInfo()
+	a.Member, b.Name = "m2", "other"
+	var out bytes.Buffer
+	if err := writeList(&out, "table", []boxcore.Summary{a.Summary, b.Summary}); err != nil {
+		t.Fatal(err)
+	}
+	want := "NAME   STATE    TYPE       IPV4        SNAPSHOTS  CREATED           MEMBER\n" +
+		"work   RUNNING  container  10.87.0.10  1          2026-12-02 11:39  m2\n" +
+		"other  RUNNING  container  10.87.0.10  1          2026-12-02 11:39  -\n"
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+	out.Reset()
+	if err := writeInfo(&out, "table", a); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "member:    m2 (cluster member)\n") {
+		t.Errorf("info has no member line:\n%s", out.String())
+	}
+	out.Reset()
+	if err := writeList(&out, "json", []boxcore.Summary{a.Summary, b.Summary}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(out.String(), `"member"`) != 1 {
+		t.Errorf("json: a member field on the clustered box only:\n%s", out.String())
 	}
 }

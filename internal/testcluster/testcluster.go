@@ -103,6 +103,15 @@ func findIncusd() (string, error) {
 	return exec.LookPath("incusd")
 }
 
+// Gate skips a test unless CLAUDEBOX_CLUSTER_TESTS=1 (make test sets it): a cluster takes
+// three daemons and ~15 s.
+func Gate(t testing.TB) {
+	t.Helper()
+	if os.Getenv("CLAUDEBOX_CLUSTER_TESTS") != "1" {
+		t.Skip("cluster tests run with CLAUDEBOX_CLUSTER_TESTS=1: make test-cluster")
+	}
+}
+
 // Up builds a cluster of n members (n ≥ 1; use 3 for anything about failover) and
 // registers its removal with t.Cleanup. It skips the test when not root and fails it when
 // Incus (incusd, the incus CLI) or ip is missing.

@@ -21,14 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// gate skips unless CLAUDEBOX_CLUSTER_TESTS=1: a cluster takes three daemons and ~15 s.
-func gate(t *testing.T) {
-	t.Helper()
-	if os.Getenv("CLAUDEBOX_CLUSTER_TESTS") != "1" {
-		t.Skip("cluster tests run with CLAUDEBOX_CLUSTER_TESTS=1: make test-cluster")
-	}
-}
-
 // rssKB returns VmRSS of a process in kB (0 when gone).
 func rssKB(pid int) int {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -68,7 +60,7 @@ func netnsOf(pid int) uint64 {
 }
 
 func TestClusterUp(t *testing.T) {
-	gate(t)
+	Gate(t)
 	c := Up(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
