@@ -69,6 +69,9 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	}
 	h.checkUnit(c)
 	h.checkPool(ctx, c)
+	if err := h.checkCluster(ctx, c); err != nil {
+		return CheckReport{}, err
+	}
 	r := CheckReport{Rows: c.rows, OK: true}
 	for _, row := range r.Rows {
 		r.OK = r.OK && row.OK

@@ -96,3 +96,75 @@ func TestClusterMember(t *testing.T) {
 		}
 	}
 }
+
+// host init on a real three-member cluster: run on the first member it defines the network
+// and the pool on every member (pending, then created) and the ACL and profile once; run on
+// each member it converges that member's kernel. host check on each is then green, says
+// whose kernel it read and which members it cannot read; a drift made in one member's
+// kernel (its bridge drop table deleted) shows on that member only, and init there repairs it.
+func TestClusterHostInit(t *testing.T) {
+	testcluster.Gate(t)
+	c := testcluster.Up(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bin := teststack.Binary(t)
+	stack := boxcore.NamedStack(c.Run + "s")
+	run := func(i int, args ...string) (string, error) {
+		cmd := c.Command(ctx, i, bin, args...)
+		cmd.Env = append(cmd.Env, "CLAUDEBOX_STACK="+stack.Network)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	members := c.Members()
+	for i := range members {
+		if out, err := run(i, "host", "init", "--yes", "--dns", "192.0.2.53"); err != nil {
+			t.Fatalf("host init on %s: %v\n%s", members[i].Name, err, out)
+		}
+	}
+	// One network, pool, ACL and profile for the whole cluster, created on every member.
+	var netw struct {
+		Status    string   `json:"status"`
+		Locations []string `json:"locations"`
+	}
+	if _, err := c.API(ctx, 2, http.MethodGet, "/1.0/networks/"+stack.Network, nil, &netw); err != nil {
+		t.Fatal(err)
+	}
+	if netw.Status != "Created" || len(netw.Locations) != len(members) {
+		t.Errorf("network %s: status %s on %v, want Created on all %d members", stack.Network, netw.Status, netw.Locations, len(members))
+	}
+	checkAll := func(drifted int) {
+		t.Helper()
+		for i, m := range members {
+			out, err := run(i, "host", "check")
+			if (err != nil) != (i == drifted) {
+				t.Errorf("host check on %s: %v (drift expected only on m%d)\n%s", m.Name, err, drifted+1, out)
+			}
+			if !strings.Contains(out, "member "+m.Name) || !strings.Contains(out, "this member") {
+				t.Errorf("host check on %s does not say whose kernel it read:\n%s", m.Name, out)
+			}
+			for _, o := range members {
+				if o.Name != m.Name && !strings.Contains(out, "not readable from "+m.Name+": run 'claudebox host check' on "+o.Name) {
+					t.Errorf("host check on %s does not say it cannot read %s:\n%s", m.Name, o.Name, out)
+				}
+			}
+		}
+	}
+	checkAll(-1)
+
+	// Drift on the second member only.
+	table := "claudebox_" + stack.Network
+	if out, err := c.Command(ctx, 1, "nft", "delete", "table", "bridge", table).CombinedOutput(); err != nil {
+		t.Fatalf("deleting m2's %s: %v\n%s", table, err, out)
+	}
+	checkAll(1)
+	if out, _ := run(1, "host", "check"); testing.Verbose() {
+		t.Logf("host check on m2 after the drift:\n%s", out)
+	}
+	if out, err := run(1, "host", "check"); !strings.Contains(out, "DRIFT") || !strings.Contains(out, table) {
+		t.Errorf("host check on m2 after the drift (%v) does not name %s:\n%s", err, table, out)
+	}
+	if out, err := run(1, "host", "init", "--yes"); err != nil {
+		t.Fatalf("host init repairing m2: %v\n%s", err, out)
+	}
+	checkAll(-1)
+}

@@ -358,7 +358,17 @@ func (h *Host) createNetwork(ctx context.Context, p *InitPlan) error {
 		}
 		cfg := maps.Clone(p.networkConfig)
 		maps.Copy(cfg, s.Marks)
-		if err := h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes"); err != nil {
+		members, err := h.clusterMembers(ctx)
+		if err != nil {
+			return err
+		}
+		err = createClustered(members,
+			func(m string) error { return h.Client.CreateNetworkPending(ctx, m, s.Network, "bridge", nil) },
+			func() error {
+				return h.Client.CreateNetwork(ctx, s.Network, "bridge", cfg, "claudebox: isolated NAT bridge for boxes")
+			},
+			func() error { return h.Client.DeleteNetwork(context.WithoutCancel(ctx), s.Network) })
+		if err != nil {
 			return err
 		}
 		clash, err := h.subnetClash(ctx, p.Gateway)

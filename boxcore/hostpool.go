@@ -97,7 +97,21 @@ func (h *Host) planQuota(p *InitPlan, pool string) {
 func (h *Host) applyPool(ctx context.Context, p *InitPlan) error {
 	name := p.Pool
 	if p.pool.create {
-		if err := h.Client.CreateStoragePool(ctx, name, p.pool.driver, p.pool.config); err != nil {
+		members, err := h.clusterMembers(ctx)
+		if err != nil {
+			return err
+		}
+		global := p.pool.config
+		if len(members) > 0 {
+			global = nil // size and source are each member's own
+		}
+		err = createClustered(members,
+			func(m string) error {
+				return h.Client.CreateStoragePoolPending(ctx, m, name, p.pool.driver, p.pool.config)
+			},
+			func() error { return h.Client.CreateStoragePool(ctx, name, p.pool.driver, global) },
+			func() error { return h.Client.DeleteStoragePool(context.WithoutCancel(ctx), name) })
+		if err != nil {
 			return fmt.Errorf("creating storage pool %s: %w", name, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 )
 
 // Network is an Incus network (managed or not).
@@ -47,6 +48,18 @@ func (c *Client) Networks(ctx context.Context) ([]Network, error) {
 // "Failed to delete bridge children interfaces" while it brings the bridge up is retried
 // (IsBridgeChildrenRace; Incus reverts the failed create). Should a retry find the network
 // there all the same, with the config asked for, the create counts as done.
+// CreateNetworkPending defines a network on one cluster member only (POST ?target=MEMBER),
+// with that member's own keys: on a cluster a network is created once per member this way,
+// then once more without a target with the cluster-wide config (CreateNetwork).
+func (c *Client) CreateNetworkPending(ctx context.Context, member, name, typ string, memberConfig map[string]string) error {
+	if memberConfig == nil {
+		memberConfig = map[string]string{}
+	}
+	_, err := c.call(ctx, http.MethodPost, "/1.0/networks?target="+url.QueryEscape(member),
+		map[string]any{"name": name, "type": typ, "config": memberConfig}, nil)
+	return err
+}
+
 func (c *Client) CreateNetwork(ctx context.Context, name, typ string, config map[string]string, description string) error {
 	if config == nil {
 		config = map[string]string{}

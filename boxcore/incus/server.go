@@ -2,6 +2,8 @@ package incus
 
 import (
 	"context"
+	"path"
+	"sort"
 	"strings"
 )
 
@@ -23,6 +25,8 @@ type Server struct {
 	InstanceTypes []string
 	// VMSupported is true when the daemon's drivers include qemu.
 	VMSupported bool
+	// Clustered: the daemon is a member of an Incus cluster (ServerName is its member name).
+	Clustered bool
 }
 
 type serverJSON struct {
@@ -36,6 +40,7 @@ type serverJSON struct {
 		Kernel                  string   `json:"kernel"`
 		KernelVersion           string   `json:"kernel_version"`
 		ServerName              string   `json:"server_name"`
+		ServerClustered         bool     `json:"server_clustered"`
 		ServerVersion           string   `json:"server_version"`
 		StorageSupportedDrivers []struct {
 			Name string `json:"Name"`
@@ -54,7 +59,7 @@ func (c *Client) Server(ctx context.Context) (Server, error) {
 		APIVersion: s.APIVersion, APIExtensions: s.APIExtensions, Auth: s.Auth,
 		Version: e.ServerVersion, Kernel: e.Kernel, KernelVersion: e.KernelVersion,
 		ServerName: e.ServerName, Firewall: e.Firewall, Driver: e.Driver,
-		Architectures: e.Architectures,
+		Architectures: e.Architectures, Clustered: e.ServerClustered,
 	}
 	for _, d := range e.StorageSupportedDrivers {
 		out.StorageDrivers = append(out.StorageDrivers, d.Name)
@@ -79,4 +84,18 @@ func (s Server) HasExtension(name string) bool {
 		}
 	}
 	return false
+}
+
+// ClusterMembers returns the names of the cluster's members (none on a standalone daemon).
+func (c *Client) ClusterMembers(ctx context.Context) ([]string, error) {
+	var urls []string
+	if _, err := c.get(ctx, "/1.0/cluster/members", &urls); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(urls))
+	for _, u := range urls {
+		names = append(names, path.Base(u))
+	}
+	sort.Strings(names)
+	return names, nil
 }

@@ -3,6 +3,7 @@ package incus
 import (
 	"context"
 	"net/http"
+	"net/url"
 )
 
 // StoragePool is an Incus storage pool.
@@ -38,6 +39,17 @@ func (c *Client) CreateStoragePool(ctx context.Context, name, driver string, con
 	}
 	_, err := c.call(ctx, http.MethodPost, "/1.0/storage-pools",
 		map[string]any{"name": name, "driver": driver, "config": config}, nil)
+	return err
+}
+
+// CreateStoragePoolPending defines a pool on one cluster member only (POST ?target=MEMBER)
+// with that member's own keys (size, source); then CreateStoragePool, without them, makes it.
+func (c *Client) CreateStoragePoolPending(ctx context.Context, member, name, driver string, memberConfig map[string]string) error {
+	if memberConfig == nil {
+		memberConfig = map[string]string{}
+	}
+	_, err := c.call(ctx, http.MethodPost, "/1.0/storage-pools?target="+url.QueryEscape(member),
+		map[string]any{"name": name, "driver": driver, "config": memberConfig}, nil)
 	return err
 }
 

@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -292,6 +293,17 @@ func tail(path string) string {
 		b = b[len(b)-2000:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// Command is prog args... run in member i's (0-based) network and mount namespaces — its
+// incusd's own, so it sees the mounts that daemon made (a pool's loop file) — with its
+// INCUS_DIR and INCUS_CONF: a claudebox there talks to that member's daemon and converges
+// that member's kernel state (its nftables tables, routes, bridge ports).
+func (c *Cluster) Command(ctx context.Context, i int, prog string, args ...string) *exec.Cmd {
+	pid := strconv.Itoa(c.members[i].PID)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--target", pid, "--mount", "--net", "--", prog}, args...)...)
+	cmd.Env = c.memberEnv(i)
+	return cmd
 }
 
 // CLI runs `incus --force-local args...` for member i (0-based) inside its network

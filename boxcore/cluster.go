@@ -1,0 +1,71 @@
+package boxcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+// On an Incus cluster the stack's Incus objects are the cluster's: the ACL and the profile are
+// cluster-wide as they are, while a network or a storage pool is first defined on every member
+// (pending, with what is the member's own: a pool's loop file size) and then created once with
+// the cluster-wide config. The kernel-local parts (nftables tables, sysctls, port bindings,
+// the boot unit) are each member's: `claudebox host init` run on a member converges that
+// member's kernel, and `host check` there reads that member's.
+
+// clusterMembers returns the cluster's members, or nil when the daemon is standalone.
+func (h *Host) clusterMembers(ctx context.Context) ([]string, error) {
+	srv, err := h.Client.Server(ctx)
+	if err != nil || !srv.Clustered {
+		return nil, err
+	}
+	return h.Client.ClusterMembers(ctx)
+}
+
+// createClustered creates one cluster-wide object: pending on each member, then the object
+// itself. When the last step fails the pending definitions are removed again (remove), so a
+// retry starts from nothing.
+func createClustered(members []string, pending func(member string) error, create func() error, remove func() error) error {
+	for _, m := range members {
+		if err := pending(m); err != nil {
+			return errors.Join(fmt.Errorf("defining it on member %s: %w", m, err), removeQuiet(remove))
+		}
+	}
+	if err := create(); err != nil {
+		if len(members) > 0 {
+			return errors.Join(err, removeQuiet(remove))
+		}
+		return err
+	}
+	return nil
+}
+
+// removeQuiet runs remove, taking "not found" as done.
+func removeQuiet(remove func() error) error {
+	if err := remove(); err != nil && !errors.Is(err, incus.ErrNotFound) {
+		return fmt.Errorf("and removing the half-defined object again: %w", err)
+	}
+	return nil
+}
+
+// checkCluster says, on a cluster, whose kernel the readings above are (this member's) and
+// which members' kernels this check cannot read: each runs its own `host check`.
+func (h *Host) checkCluster(ctx context.Context, c *checker) error {
+	srv, err := h.Client.Server(ctx)
+	if err != nil || !srv.Clustered {
+		return err
+	}
+	members, err := h.Client.ClusterMembers(ctx)
+	if err != nil {
+		return err
+	}
+	c.note("cluster", "member "+srv.ServerName, "this member: the kernel readings above are its own")
+	for _, m := range members {
+		if m != srv.ServerName {
+			c.note("cluster", "member "+m, "kernel state not readable from "+srv.ServerName+": run 'claudebox host check' on "+m)
+		}
+	}
+	return nil
+}
