@@ -51,8 +51,15 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 	for _, p := range ports {
 		onBridge[p.Name] = true
 	}
+	local, err := h.localMember(ctx)
+	if err != nil {
+		return err
+	}
 	hosts := readDNSMasqHosts(h.Stack.Network)
 	for _, in := range insts {
+		if !onMember(in, local) {
+			continue // another cluster member's box: its port and proxies are that kernel's
+		}
 		if in.ExpandedDevices["eth0"]["network"] == h.Stack.Network {
 			// Every proxy of a box keeps its host port guarded, an exposure or not: one the
 			// escape hatch widened past loopback is exactly what the guard is for.
@@ -262,7 +269,7 @@ func (h *Host) BindPorts(ctx context.Context) error {
 	}
 	// One read-then-apply at a time on this host: two boxes starting at once must not have
 	// the later apply carry the earlier (staler) read and unbind the other's port.
-	unlock, err := lockFile(ctx, bindLockPath, HostLockWait)
+	unlock, err := lockFile(ctx, perDaemon(bindLockPath), HostLockWait)
 	if err != nil {
 		return err
 	}

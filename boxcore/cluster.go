@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
@@ -68,4 +70,54 @@ func (h *Host) checkCluster(ctx context.Context, c *checker) error {
 		}
 	}
 	return nil
+}
+
+// localMember is the name of the cluster member this daemon is, or "" when standalone.
+func (h *Host) localMember(ctx context.Context) (string, error) {
+	srv, err := h.Client.Server(ctx)
+	if err != nil || !srv.Clustered {
+		return "", err
+	}
+	return srv.ServerName, nil
+}
+
+// onMember reports whether an instance lives on member ("" : a standalone daemon, where
+// every instance is local).
+func onMember(in incus.Instance, member string) bool {
+	return member == "" || in.Location == member
+}
+
+// placement is the member a new box goes to (LocalTarget for `new`).
+func (bs *Boxes) placement(ctx context.Context, target string) (string, error) {
+	return LocalTarget(ctx, bs.Client, "new", target)
+}
+
+// LocalTarget checks a verb's --target: none on a standalone daemon (where a --target is
+// refused), else this daemon's own member (the default). Another member is refused too:
+// claudebox works in the kernel it runs in — a box it placed elsewhere would start with its
+// port unbound until someone ran claudebox there, and a drill's decoys and layers are this
+// kernel's — so the verb is to be run on that member.
+func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (string, error) {
+	srv, err := c.Server(ctx)
+	if err != nil {
+		return "", err
+	}
+	if !srv.Clustered {
+		if target != "" {
+			return "", Usagef("%s --target %s: this Incus daemon is not a cluster member", verb, target)
+		}
+		return "", nil
+	}
+	local := srv.ServerName
+	if target == "" || target == local {
+		return local, nil
+	}
+	members, err := c.ClusterMembers(ctx)
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(members, target) {
+		return "", Usagef("%s --target %s: no such cluster member (members: %s)", verb, target, strings.Join(members, ", "))
+	}
+	return "", Usagef("%s --target %s: run it on %s — this is %s, and claudebox works in the kernel of the member it runs on", verb, target, target, local)
 }

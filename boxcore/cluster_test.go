@@ -2,6 +2,7 @@ package boxcore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/internal/testcluster"
 	"github.com/claudebox/claudebox/internal/teststack"
 )
@@ -97,12 +99,15 @@ func TestClusterMember(t *testing.T) {
 	}
 }
 
-// host init on a real three-member cluster: run on the first member it defines the network
-// and the pool on every member (pending, then created) and the ACL and profile once; run on
-// each member it converges that member's kernel. host check on each is then green, says
-// whose kernel it read and which members it cannot read; a drift made in one member's
-// kernel (its bridge drop table deleted) shows on that member only, and init there repairs it.
-func TestClusterHostInit(t *testing.T) {
+// claudebox on a real three-member cluster, every verb run on a member in that member's
+// namespaces (its kernel, its daemon). host init on the first member defines the network and
+// the pool on every member (pending, then created) and the ACL and profile once; on each
+// member it converges that member's kernel. host check on each is green, says whose kernel
+// it read and which members it cannot read. new lands on the member it runs on, a clone
+// crosses members, a --target elsewhere is refused with nothing made; each box is bound in
+// its own member's kernel only. A drift made in one member's kernel shows on that member
+// only, and init there repairs it. Then the drill runs on each member, green.
+func TestClusterStack(t *testing.T) {
 	testcluster.Gate(t)
 	c := testcluster.Up(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -137,7 +142,7 @@ func TestClusterHostInit(t *testing.T) {
 		for i, m := range members {
 			out, err := run(i, "host", "check")
 			if (err != nil) != (i == drifted) {
-				t.Errorf("host check on %s: %v (drift expected only on m%d)\n%s", m.Name, err, drifted+1, out)
+				t.Errorf("host check on %s: %v (drift expected only on member %d of 0..2, -1: none)\n%s", m.Name, err, drifted, out)
 			}
 			if !strings.Contains(out, "member "+m.Name) || !strings.Contains(out, "this member") {
 				t.Errorf("host check on %s does not say whose kernel it read:\n%s", m.Name, out)
@@ -150,6 +155,75 @@ func TestClusterHostInit(t *testing.T) {
 		}
 	}
 	checkAll(-1)
+
+	// Boxes minted by claudebox on the second and third members land there (the default
+	// placement is the member claudebox runs on) and are bound in that member's kernel; the
+	// other members' checks and inits leave them alone. A --target that is another member,
+	// no member, or given on a standalone daemon is refused and changes nothing.
+	img, err := image.EnsureImage(ctx, c.Client(0), bin, "claudebox-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, b3, clone := c.Run+"-b2", c.Run+"-b3", c.Run+"-c3"
+	if out, err := run(1, "new", "--name", b2, "--container", "--image", img); err != nil {
+		t.Fatalf("new on m2: %v\n%s", err, out)
+	}
+	if out, err := run(2, "new", "--name", b3, "--container", "--image", img, "--target", members[2].Name); err != nil {
+		t.Fatalf("new --target m3 on m3: %v\n%s", err, out)
+	}
+	// Clones across members: b2 lives on m2; a clone of it and one of its snapshot are
+	// minted on m3.
+	if out, err := run(2, "new", "--name", clone+"r", "--from", b2); err != nil {
+		t.Fatalf("new --from %s on m3: %v\n%s", b2, err, out)
+	}
+	if out, err := run(1, "snapshot", b2, "s1"); err != nil {
+		t.Fatalf("snapshot %s on m2: %v\n%s", b2, err, out)
+	}
+	if out, err := run(2, "new", "--name", clone, "--from", b2+"/s1"); err != nil {
+		t.Fatalf("new --from %s/s1 on m3: %v\n%s", b2, err, out)
+	}
+	for _, bad := range [][]string{{"--target", members[0].Name}, {"--target", "nosuch"}} {
+		args := append([]string{"new", "--name", c.Run + "-x", "--container", "--image", img}, bad...)
+		out, err := run(1, args...)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("new %v on m2: %v, want exit 2\n%s", bad, err, out)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, bin, "new", "--name", c.Run+"-x", "--container", "--target", "m1").CombinedOutput(); !strings.Contains(string(out), "not a cluster member") {
+		t.Errorf("new --target on the standalone host daemon: %v\n%s", err, out)
+	}
+	var all []struct {
+		Name     string `json:"name"`
+		Location string `json:"location"`
+		Status   string `json:"status"`
+	}
+	if _, err := c.API(ctx, 0, http.MethodGet, "/1.0/instances?recursion=1", nil, &all); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{b2: members[1].Name, b3: members[2].Name, clone: members[2].Name, clone + "r": members[2].Name}
+	for _, in := range all {
+		if want[in.Name] != in.Location || in.Status != "Running" {
+			t.Errorf("%s: %s on %q, want Running on %q (and no other instance)", in.Name, in.Status, in.Location, want[in.Name])
+		}
+	}
+	if len(all) != len(want) {
+		t.Errorf("%d instances on the cluster, want %d", len(all), len(want))
+	}
+	for i := range members {
+		if out, err := run(i, "host", "init", "--yes"); err != nil {
+			t.Fatalf("host init on %s with boxes on m2 and m3: %v\n%s", members[i].Name, err, out)
+		}
+	}
+	checkAll(-1)
+	for i := range members {
+		out, _ := run(i, "host", "check", "--format", "csv")
+		for name, on := range want {
+			if bound := strings.Contains(out, "port binding,"+name+" eth0,"); bound != (on == members[i].Name) {
+				t.Errorf("host check on %s: a binding row for %s (on %s): %v\n%s", members[i].Name, name, on, bound, out)
+			}
+		}
+	}
 
 	// Drift on the second member only.
 	table := "claudebox_" + stack.Network
@@ -167,4 +241,27 @@ func TestClusterHostInit(t *testing.T) {
 		t.Fatalf("host init repairing m2: %v\n%s", err, out)
 	}
 	checkAll(-1)
+
+	// The drill on each member, run there (--target that member): its decoys, layers and
+	// boxes are that member's, every row green. Asked on another member it is refused.
+	for i, m := range members {
+		out, err := run(i, "drill", "--target", m.Name, "--record", t.TempDir()+"/RUNS.md")
+		if err != nil || !strings.Contains(out, "PASS: every claim holds") || !strings.Contains(out, "cluster member: "+m.Name) {
+			t.Errorf("drill on %s: %v\n%s", m.Name, err, tailLines(out, 40))
+		}
+	}
+	out, err := run(0, "drill", "--target", members[1].Name)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run it on "+members[1].Name) {
+		t.Errorf("drill --target m2 on m1: %v, want exit 2 and to be told where to run it\n%s", err, out)
+	}
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

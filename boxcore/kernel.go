@@ -122,6 +122,7 @@ func (d DNSMasq) Flag(name string) bool {
 // FindDNSMasq finds the running dnsmasq serving a bridge; ok is false when none runs.
 func (k Kernel) FindDNSMasq(bridge string) (DNSMasq, bool) {
 	ents, _ := os.ReadDir(k.Proc)
+	ownNet, _ := os.Readlink(filepath.Join(k.Proc, "self/ns/net"))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -129,6 +130,11 @@ func (k Kernel) FindDNSMasq(bridge string) (DNSMasq, bool) {
 		}
 		raw, err := os.ReadFile(filepath.Join(k.Proc, e.Name(), "cmdline"))
 		if err != nil || !bytes.Contains(raw, []byte("--interface="+bridge+"\x00")) {
+			continue
+		}
+		// A bridge of that name in another network namespace (another Incus daemon's, such as
+		// a test cluster member's on this machine) has a dnsmasq of its own: not this one's.
+		if net, err := os.Readlink(filepath.Join(k.Proc, e.Name(), "ns/net")); err == nil && ownNet != "" && net != ownNet {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")

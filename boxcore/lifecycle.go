@@ -68,6 +68,9 @@ type NewOptions struct {
 	// Type, when set ("container" or "virtual-machine"), is the type the user asked for
 	// explicitly; a clone of a source of the other type is refused.
 	Type string
+	// Target is the cluster member to mint on; on a cluster the default is the member this
+	// daemon is. Only that member: the box's port binding is its member's kernel's.
+	Target string
 }
 
 // MintTimings splits a mint's wall time.
@@ -103,10 +106,15 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	defer unlock()
 
 	m := &minting{bs: bs, o: o, token: randomToken()}
+	target, err := bs.placement(ctx, o.Target)
+	if err != nil {
+		return nil, err
+	}
 	req, err := m.request(ctx)
 	if err != nil {
 		return nil, err
 	}
+	req.Target = target
 	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
 		return nil, err
 	}
@@ -242,7 +250,7 @@ func (m *minting) cloneSource(ctx context.Context, req *incus.InstancesPost, cfg
 			flag, typeWord(o.Type), src.Name, typeWord(src.Instance.Type), flag, typeWord(o.Type))
 	}
 	m.clone = true
-	req.Type = src.Instance.Type
+	req.Type, req.Architecture = src.Instance.Type, src.Instance.Architecture
 	for k, v := range src.Instance.Config {
 		// Volatile keys carry the source's MAC addresses and ids: a clone regenerates them.
 		if !strings.HasPrefix(k, "volatile.") && !strings.HasPrefix(k, "user.claudebox") && k != "image.architecture" {

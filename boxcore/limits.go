@@ -569,6 +569,10 @@ func (h *Host) checkLimits(ctx context.Context, c *checker) error {
 	if err != nil {
 		return err
 	}
+	local, err := h.localMember(ctx)
+	if err != nil {
+		return err
+	}
 	n := 0
 	for _, in := range insts {
 		if !IsBox(in) || !slices.Contains(in.Profiles, h.Stack.Profile) {
@@ -583,8 +587,8 @@ func (h *Host) checkLimits(ctx context.Context, c *checker) error {
 		if v, own := in.Config[KeyGuestAPI]; own && v != "false" {
 			c.add("guest api", in.Name, "off (the profile's)", "the box's own "+KeyGuestAPI+"="+v+" (claudebox incus "+in.Name+" -- config unset {} "+KeyGuestAPI+")")
 		}
-		if in.Type != "container" || in.Status != "Running" || h.Client.Remote() != "local" {
-			continue
+		if in.Type != "container" || in.Status != "Running" || h.Client.Remote() != "local" || !onMember(in, local) {
+			continue // its cgroup is another kernel's
 		}
 		k, err := ReadKernelLimits(in.Name)
 		switch {

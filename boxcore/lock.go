@@ -2,17 +2,37 @@ package boxcore
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
 )
 
 // HostLockPath is the lock `host init`, `host teardown` and a drill run hold while they change
 // the host stack, so that one never judges or converges what the other is halfway through.
 const HostLockPath = "/run/claudebox-host.lock"
+
+// hostLockPath is HostLockPath for the host's own daemon; a daemon at another socket (a test
+// cluster's member, with its own network namespace and so its own kernel state) has a lock of
+// its own, so that it neither waits for nor blocks the host's.
+func hostLockPath() string { return perDaemon(HostLockPath) }
+
+// perDaemon keeps path for the default Incus socket and gives any other socket its own file.
+func perDaemon(path string) string {
+	sock := incus.LocalSocket()
+	if sock == incus.DefaultSocket {
+		return path
+	}
+	sum := sha256.Sum256([]byte(sock))
+	return strings.TrimSuffix(path, ".lock") + "-" + hex.EncodeToString(sum[:6]) + ".lock"
+}
 
 // HostLockWait is how long LockHost waits for another holder.
 const HostLockWait = 30 * time.Second
@@ -37,7 +57,7 @@ func (e *HostLockedError) Error() string {
 // process dies, so a killed holder never leaves it stuck. SwitchOff does not take it: the drill
 // holds it around its whole run.
 func LockHost(ctx context.Context) (unlock func(), err error) {
-	return lockFile(ctx, HostLockPath, HostLockWait)
+	return lockFile(ctx, hostLockPath(), HostLockWait)
 }
 
 // LockNetwork takes the lock of one stack's network: the box verbs hold it while they bind a

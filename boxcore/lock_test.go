@@ -65,3 +65,20 @@ func TestLockFileKilledHolder(t *testing.T) {
 	}
 	unlock()
 }
+
+// The host's daemon keeps the one host lock; a daemon at another socket (a test cluster's
+// member, in its own network namespace) gets a lock of its own, one per socket.
+func TestLockPerDaemon(t *testing.T) {
+	t.Setenv("INCUS_SOCKET", "")
+	t.Setenv("INCUS_DIR", "")
+	if got := hostLockPath(); got != HostLockPath {
+		t.Errorf("default daemon: %s, want %s", got, HostLockPath)
+	}
+	t.Setenv("INCUS_DIR", "/var/lib/claudebox-testcluster/r/m1/incus")
+	a := hostLockPath()
+	t.Setenv("INCUS_DIR", "/var/lib/claudebox-testcluster/r/m2/incus")
+	b := hostLockPath()
+	if a == HostLockPath || b == HostLockPath || a == b || !strings.HasPrefix(a, "/run/claudebox-host-") || !strings.HasSuffix(a, ".lock") {
+		t.Errorf("members' locks: %s and %s (host's %s)", a, b, HostLockPath)
+	}
+}

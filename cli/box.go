@@ -20,7 +20,7 @@ func boxCommands() []Command {
 		{
 			Name:     "new",
 			Examples: []string{"claudebox new --name work", "claudebox new --name work --container --template blank --memory 4GiB", "claudebox new --name work2 --from work/authed"},
-			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--keep-failed] [--no-bake] [--verbose]",
+			Synopsis: "--name NAME [--vm|--container] [--image REF] [--template T] [--cpu N] [--memory SIZE] [--processes N] [--disk SIZE] [--from SRC[/SNAP]] [--target MEMBER] [--keep-failed] [--no-bake] [--verbose]",
 			Summary:  "mint a box: isolated, Claude Code installed, nobody logged in",
 			Pre:      []Precondition{NeedsArgs, NeedsDaemon},
 			Flags: []cli.Flag{
@@ -34,6 +34,7 @@ func boxCommands() []Command {
 				&cli.Int64Flag{Name: "processes", Usage: "process limit of a container (limits.processes; default sized from the host's pid_max)"},
 				&cli.StringFlag{Name: "disk", Usage: "root disk size, e.g. 20GiB"},
 				&cli.StringFlag{Name: "from", Usage: "clone a box or one of its snapshots: SRC or SRC/SNAP"},
+				&cli.StringFlag{Name: "target", Usage: "on an Incus cluster: the member to mint on — the one claudebox runs on (the default), since it binds the box's port in its own kernel"},
 				&cli.BoolFlag{Name: "keep-failed", Usage: "keep a box whose first boot failed, to look inside"},
 				&cli.BoolFlag{Name: "no-bake", Usage: "run the template's first boot even when 'templates bake' made a bake of it"},
 				&cli.BoolFlag{Name: "verbose", Usage: "print how long launch, cloud-init and the Claude install took"},
@@ -209,7 +210,7 @@ func newBox(c *Ctx) error {
 	o := boxcore.NewOptions{
 		Name: c.String("name"), Image: c.String("image"), From: c.String("from"),
 		CPU: c.String("cpu"), Memory: c.String("memory"), Disk: c.String("disk"),
-		Processes: c.Int64("processes"), KeepFailed: c.Bool("keep-failed"),
+		Processes: c.Int64("processes"), KeepFailed: c.Bool("keep-failed"), Target: c.String("target"),
 	}
 	if o.From != "" && (c.String("template") != "" || o.Image != "" || o.CPU != "" || o.Memory != "" || o.Disk != "" || c.IsSet("processes")) {
 		return boxcore.Usagef("new: --from copies a box whole; it does not take --image, --template, --cpu, --memory, --processes or --disk")

@@ -14,7 +14,7 @@ func drillCommands() []Command {
 	return []Command{{
 		Name:     "drill",
 		Examples: []string{"sudo claudebox drill", "sudo claudebox drill --format json", "sudo claudebox drill --self-test --yes", "sudo claudebox drill --soak 20 --yes", "sudo claudebox drill --cleanup"},
-		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--format table|json|yaml|csv] [--keep] [--cleanup] [--self-test --yes] [--soak N --yes]",
+		Synopsis: "[--vm|--container] [--boxes N] [--image REF] [--record FILE] [--format table|json|yaml|csv] [--keep] [--cleanup] [--self-test --yes] [--soak N --yes] [--target MEMBER]",
 		Summary:  "prove the isolation: real boxes, probes, decoy hosts, positive controls (and seeded holes with --self-test)",
 		Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
 		Flags: []cli.Flag{
@@ -33,6 +33,7 @@ func drillCommands() []Command {
 			&cli.IntFlag{Name: "soak", Usage: "also soak: N re-applies, an incusd restart (instances keep running) and a host init drift repair under one flood (RESTARTS INCUSD; needs --yes)"},
 			&cli.BoolFlag{Name: "yes", Usage: "confirm --self-test or --soak"},
 			&cli.DurationFlag{Name: "timeout", Value: time.Second, Usage: "the probes' shared timeout window"},
+			&cli.StringFlag{Name: "target", Usage: "on an Incus cluster: the member to drill — the one claudebox runs on (the default: its kernel, its decoys); run the drill on each member"},
 		},
 		Action: runDrill,
 	}}
@@ -75,6 +76,10 @@ func runDrill(c *Ctx) error {
 	if c.Bool("json") && !c.IsSet("format") {
 		format = "json"
 	}
+	member, err := boxcore.LocalTarget(ctx, c.Client, "drill", c.String("target"))
+	if err != nil {
+		return err
+	}
 	bin, err := os.Executable()
 	if err != nil {
 		return err
@@ -90,6 +95,7 @@ func runDrill(c *Ctx) error {
 	if c.Bool("vm") {
 		rep.InstanceType = "virtual-machine"
 	}
+	rep.Member = member
 	// stdout holds only the chosen format; the matrix a person reads goes to stderr then.
 	if format != "table" {
 		rep.PrintMatrix(c.Env.Stderr)

@@ -14,11 +14,13 @@ import (
 
 // Report is one drill run: what the record holds.
 type Report struct {
-	RunID        string        `json:"run_id"`
-	Started      time.Time     `json:"started_utc"`
-	Host         HostInfo      `json:"host"`
-	Stack        string        `json:"stack"`
-	InstanceType string        `json:"instance_type"`
+	RunID        string    `json:"run_id"`
+	Started      time.Time `json:"started_utc"`
+	Host         HostInfo  `json:"host"`
+	Stack        string    `json:"stack"`
+	InstanceType string    `json:"instance_type"`
+	// Member: on an Incus cluster, the member drilled (its kernel, its boxes, its decoys).
+	Member       string        `json:"member,omitempty"`
 	VMBoundary   string        `json:"vm_boundary"`
 	Boxes        int           `json:"boxes"`
 	BoxList      []*Box        `json:"box_list,omitempty"`
@@ -121,6 +123,9 @@ func (r *Report) PrintMatrix(w io.Writer) {
 	printRows(w, r.Matrix.Rows, false)
 	printGrid(w, r.Matrix.Rows)
 	fmt.Fprintf(w, "instance type: %s (%s)\n", r.InstanceType, r.VMBoundary)
+	if r.Member != "" {
+		fmt.Fprintf(w, "cluster member: %s (its kernel and its boxes; each member runs its own drill)\n", r.Member)
+	}
 	fmt.Fprintln(w, r.Verdict)
 }
 

@@ -99,6 +99,18 @@ type InstancesPost struct {
 	Start       bool                         `json:"start,omitempty"`
 	Description string                       `json:"description,omitempty"`
 	Ephemeral   bool                         `json:"ephemeral,omitempty"`
+	// Architecture: a copy to another cluster member is a migration, which needs it said.
+	Architecture string `json:"architecture,omitempty"`
+	// Target, on a cluster, is the member to create it on (the ?target= parameter).
+	Target string `json:"-"`
+}
+
+// createPath is where a create request goes: with ?target= when it names a member.
+func (r InstancesPost) createPath() string {
+	if r.Target == "" {
+		return "/1.0/instances"
+	}
+	return "/1.0/instances?target=" + url.QueryEscape(r.Target)
 }
 
 // InstancePut is the body of PUT /1.0/instances/<n>: the whole writable configuration.
@@ -181,7 +193,7 @@ func (c *Client) CreateInstance(ctx context.Context, req InstancesPost, progress
 	if req.Profiles == nil {
 		req.Profiles = []string{}
 	}
-	id, err := c.start(ctx, http.MethodPost, "/1.0/instances", req, nil)
+	id, err := c.start(ctx, http.MethodPost, req.createPath(), req, nil)
 	if err != nil || id == "" {
 		return err
 	}
@@ -196,7 +208,7 @@ func (c *Client) StartCreateInstance(ctx context.Context, req InstancesPost) (st
 	if req.Profiles == nil {
 		req.Profiles = []string{}
 	}
-	return c.start(ctx, http.MethodPost, "/1.0/instances", req, nil)
+	return c.start(ctx, http.MethodPost, req.createPath(), req, nil)
 }
 
 // UpdateInstance replaces an instance's writable configuration (PUT). etag, when not
