@@ -250,9 +250,37 @@ func TestClusterStack(t *testing.T) {
 			t.Errorf("drill on %s: %v\n%s", m.Name, err, tailLines(out, 40))
 		}
 	}
-	out, err := run(0, "drill", "--target", members[1].Name)
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run it on "+members[1].Name) {
+	// The rows aimed at the other members can fail: on the first member (no boxes of its
+	// own) each of their layers alone leaves them held, and all of them off turns them red,
+	// while the member's own control (it reaches the others) stays green.
+	holes := []string{"wall removed", "ACL detached", "L2 ranges removed", "wall + ACL + L2 ranges off"}
+	args := []string{"drill", "--self-test", "--yes", "--record", t.TempDir() + "/RUNS.md"}
+	for _, h := range holes {
+		args = append(args, "--hole", h)
+	}
+	out, err := run(0, args...)
+	if err != nil {
+		t.Errorf("drill --self-test on m1: %v\n%s", err, tailLines(out, 60))
+	}
+	for _, h := range holes {
+		if !strings.Contains(out, "  "+h+": as attributed") {
+			t.Errorf("hole %q on m1 not as attributed:\n%s", h, tailLines(out, 60))
+		}
+	}
+	if i := strings.Index(out, "wall + ACL + L2 ranges off: as attributed"); i < 0 || !strings.Contains(out[i:], "cluster/") {
+		t.Errorf("wall + ACL + L2 ranges off did not turn the cluster rows red:\n%s", tailLines(out, 60))
+	}
+	if !strings.Contains(out, "box→other cluster members") {
+		t.Errorf("no cluster rows in m1's drill:\n%s", tailLines(out, 60))
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "as attributed") || strings.Contains(l, "turned red") || strings.HasPrefix(l, "box→other cluster members") || strings.Contains(l, "ctl/peer") {
+			t.Log(l) // the record of what the cluster rows did, in -v
+		}
+	}
+
+	out, err = run(0, "drill", "--target", members[1].Name)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run it on "+members[1].Name) {
 		t.Errorf("drill --target m2 on m1: %v, want exit 2 and to be told where to run it\n%s", err, out)
 	}
 }

@@ -77,6 +77,7 @@ type engine struct {
 	domain     string
 	hostNames  []string
 	hostAddrs  []netip.Addr
+	peers      []Endpoint // the other cluster members' API addresses (cluster.go)
 	netBefore  *incus.Network
 	forwarder  string
 	windowGen  int  // how many re-apply windows this run made
@@ -369,7 +370,7 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 // topology is what the lab built, for the model to plan on.
 func (e *engine) topology() *Topology {
 	t := &Topology{Boxes: e.boxes, Gateway: e.gateway, Domain: e.domain, HostAddrs: e.hostAddrs, HostNames: e.hostNames,
-		HostTCP: e.hostTCP, HostUDP: e.hostUDP, Exposure: e.exposure, ExposedBox: e.exposedBox}
+		HostTCP: e.hostTCP, HostUDP: e.hostUDP, Exposure: e.exposure, ExposedBox: e.exposedBox, Peers: e.peers}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
@@ -467,7 +468,8 @@ func (e *engine) readHost(ctx context.Context, rep *Report) error {
 		}
 	}
 	rep.Host = hostInfo(ctx, e.c)
-	return nil
+	e.peers, err = clusterPeers(ctx, e.c)
+	return err
 }
 
 // decoyUp creates the decoy namespace, the host listener and the dnsmasq forwarder.

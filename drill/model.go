@@ -104,6 +104,9 @@ type Topology struct {
 	// Nested is the /30 of the first box's nested container (nested.go). Invalid: no nested
 	// rows (VM boxes).
 	Nested netip.Prefix
+	// Peers are the other members of the Incus cluster this host is a member of, each at its
+	// cluster address and API port (none on a standalone host: no cluster rows).
+	Peers []Endpoint
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.

@@ -39,6 +39,8 @@ func testTopology() *Topology {
 		DecoyHostSide: netip.MustParseAddr("198.18.0.253"),
 		Exposure:      netip.MustParseAddrPort("127.0.0.1:45123"), ExposedBox: "a",
 		Nested: netip.MustParsePrefix("198.18.0.40/30"),
+		Peers: []Endpoint{{Key: "member-m2", Label: "member m2 198.19.7.12", Addr: netip.MustParseAddr("198.19.7.12"), Port: 8443},
+			{Key: "member-m3", Label: "member m3 198.19.7.13", Addr: netip.MustParseAddr("198.19.7.13"), Port: 8443}},
 	}
 }
 
@@ -92,6 +94,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"nested/box-host/gateway-tcp": 1, "nested/box-host/gateway-udp": 1, "nested/box-host/addr-tcp": 1, "nested/box-host/addr-udp": 1,
 		"nested/lan/tcp": 1, "nested/lan/udp": 1, "nested/lan/icmp": 1, "nested/cgnat/tcp": 3, "nested/cgnat/udp": 2, "nested/cgnat/icmp": 2,
 		"nested/other-net/tcp": 1, "nested/other-net/udp": 1, "nested/uplink-net/tcp": 1, "nested/uplink-net/udp": 1, "nested/resolver/servers.bind": 1,
+		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))

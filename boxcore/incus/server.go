@@ -99,3 +99,18 @@ func (c *Client) ClusterMembers(ctx context.Context) ([]string, error) {
 	sort.Strings(names)
 	return names, nil
 }
+
+// ClusterMember is one member as GET /1.0/cluster/members?recursion=1 gives it.
+type ClusterMember struct {
+	Name string `json:"server_name"`
+	URL  string `json:"url"` // https://ADDRESS:PORT, the member's cluster address
+}
+
+// ClusterMemberList returns the cluster's members with their addresses (none standalone).
+func (c *Client) ClusterMemberList(ctx context.Context) ([]ClusterMember, error) {
+	var out []ClusterMember
+	if _, err := c.get(ctx, "/1.0/cluster/members?recursion=1", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
