@@ -279,7 +279,17 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 		if err := h.Client.UpdateNetworkACL(ctx, acl, st.ETags.ACL); err != nil {
 			return fmt.Errorf("rewriting ACL %s: %w", s.ACL, changed("acl "+s.ACL, err))
 		}
-	} else if err := h.Client.CreateNetworkACL(ctx, acl); err != nil {
+	} else if err := h.Client.CreateNetworkACL(ctx, acl); errors.Is(err, incus.ErrConflict) {
+		// Read as missing, then there: another init made it meanwhile (or the daemon's read
+		// missed it once, as one CI run saw). Converge it as found.
+		_, etag, gerr := h.Client.NetworkACL(ctx, s.ACL)
+		if gerr == nil {
+			gerr = h.Client.UpdateNetworkACL(ctx, acl, etag)
+		}
+		if gerr != nil {
+			return fmt.Errorf("creating ACL %s: %w (and rewriting the one found: %v)", s.ACL, err, gerr)
+		}
+	} else if err != nil {
 		return fmt.Errorf("creating ACL %s: %w", s.ACL, err)
 	}
 	if st.Network == nil {

@@ -395,3 +395,32 @@ func TestCheckOrderIsStable(t *testing.T) {
 		}
 	}
 }
+
+// An init that planned on a missing ACL and finds it made meanwhile (another init, or a
+// daemon read that missed it once: one CI run's second init failed so) converges the one it
+// finds instead of failing on the create.
+func TestInitACLMadeMeanwhile(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	s := teststack.Stack("aclrace")
+	t.Cleanup(func() { teststack.Remove(t, c, s) })
+	h := boxcore.NewHost(c, s)
+	p, err := h.PlanInit(ctx, boxcore.InitOptions{DNS: "host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := incus.NetworkACL{Name: s.ACL, Description: "made meanwhile", Egress: []incus.ACLRule{}, Ingress: []incus.ACLRule{}}
+	if err := c.CreateNetworkACL(ctx, stray); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.ApplyInit(ctx, p); err != nil {
+		t.Fatalf("init after the ACL appeared: %v", err)
+	}
+	r, err := h.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range r.Drift() {
+		t.Errorf("drift after the init: %+v", d)
+	}
+}
