@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,25 +234,53 @@ func TestResourceForkBombUnlimited(t *testing.T) {
 func TestResourceMemHogLimited(t *testing.T) {
 	for _, oomOff := range []bool{false, true} {
 		t.Run(fmt.Sprintf("oom-off=%v", oomOff), func(t *testing.T) {
-			cg := testCgroup(t, "memory")
-			writeCg(t, cg, "memory.limit_in_bytes", strconv.Itoa(64<<20))
 			want := "oom-killed"
 			if oomOff {
-				writeCg(t, cg, "memory.oom_control", "1")
 				want = "stalled"
 			}
-			h := startHelper(t, Spec{Kind: KindMemHog, Resource: &ResourceSpec{Bound: 256, StallAfter: time.Second}}, cg)
-			r, _ := h.run(t)
-			t.Logf("%s: %s %+v", r.Outcome, r.Evidence, r.Resource)
-			if r.Outcome != Refused || r.Resource == nil || r.Resource.Stopped != want {
-				t.Fatalf("want refused %s: %s %s %+v", want, r.Outcome, r.Evidence, r.Resource)
+			// With the OOM killer off, the runner shares the cgroup with the hog: a page it
+			// faults while the hog holds the limit waits for memory that never comes (seen once
+			// in CI: the runner in D state in mem_cgroup_oom_synchronize for 10 minutes). That
+			// is the box being stuck, not a verdict: the watchdog turns the killer back on so
+			// the attempt ends, and it is made again (a box's own probe would be check-failed).
+			for attempt := 1; ; attempt++ {
+				r, stuck := memHogAttempt(t, oomOff)
+				if stuck && attempt < 3 {
+					t.Logf("attempt %d: the runner itself was stuck in the cgroup's OOM wait (%s): once more", attempt, r.Evidence)
+					continue
+				}
+				t.Logf("%s: %s %+v", r.Outcome, r.Evidence, r.Resource)
+				if r.Outcome != Refused || r.Resource == nil || r.Resource.Stopped != want {
+					t.Fatalf("want refused %s: %s %s %+v (runner stuck: %v)", want, r.Outcome, r.Evidence, r.Resource, stuck)
+				}
+				if r.Resource.Count <= 0 || r.Resource.Count >= 64 {
+					t.Errorf("count %d MiB: want below the 64 MiB limit", r.Resource.Count)
+				}
+				return
 			}
-			if r.Resource.Count <= 0 || r.Resource.Count >= 64 {
-				t.Errorf("count %d MiB: want below the 64 MiB limit", r.Resource.Count)
-			}
-			h.finish(t)
 		})
 	}
+}
+
+// memHogAttempt runs the memory hog in a fresh 64 MiB cgroup (its OOM killer off when
+// oomOff). stuck: no result came within 20 s and the watchdog had to turn the killer on.
+func memHogAttempt(t *testing.T, oomOff bool) (r Result, stuck bool) {
+	t.Helper()
+	cg := testCgroup(t, "memory")
+	writeCg(t, cg, "memory.limit_in_bytes", strconv.Itoa(64<<20))
+	if oomOff {
+		writeCg(t, cg, "memory.oom_control", "1")
+	}
+	h := startHelper(t, Spec{Kind: KindMemHog, Resource: &ResourceSpec{Bound: 256, StallAfter: time.Second}}, cg)
+	var fired atomic.Bool
+	watchdog := time.AfterFunc(20*time.Second, func() {
+		fired.Store(true)
+		_ = os.WriteFile(filepath.Join(cg, "memory.oom_control"), []byte("0"), 0)
+	})
+	r, _ = h.run(t)
+	watchdog.Stop()
+	h.finish(t)
+	return r, fired.Load()
 }
 
 func TestResourceMemHogUnlimited(t *testing.T) {
