@@ -23,7 +23,17 @@ func (h *Host) clusterMembers(ctx context.Context) ([]string, error) {
 	if err != nil || !srv.Clustered {
 		return nil, err
 	}
-	return h.Client.ClusterMembers(ctx)
+	return memberNames(ctx, h.Client)
+}
+
+// memberNames are the cluster's member names, sorted.
+func memberNames(ctx context.Context, c *incus.Client) ([]string, error) {
+	ms, err := c.ClusterMembers(ctx)
+	names := make([]string, 0, len(ms))
+	for _, m := range ms {
+		names = append(names, m.Name)
+	}
+	return names, err
 }
 
 // createClustered creates one cluster-wide object: pending on each member, then the object
@@ -59,7 +69,7 @@ func (h *Host) checkCluster(ctx context.Context, c *checker) error {
 	if err != nil || !srv.Clustered {
 		return err
 	}
-	members, err := h.Client.ClusterMembers(ctx)
+	members, err := memberNames(ctx, h.Client)
 	if err != nil {
 		return err
 	}
@@ -112,7 +122,7 @@ func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (str
 	if target == "" || target == local {
 		return local, nil
 	}
-	members, err := c.ClusterMembers(ctx)
+	members, err := memberNames(ctx, c)
 	if err != nil {
 		return "", err
 	}

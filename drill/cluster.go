@@ -27,7 +27,7 @@ func clusterPeers(ctx context.Context, c *incus.Client) ([]Endpoint, error) {
 	if err != nil || !srv.Clustered {
 		return nil, err
 	}
-	members, err := c.ClusterMemberList(ctx)
+	members, err := c.ClusterMembers(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cluster members: %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/url"
 )
 
 // Network is an Incus network (managed or not).
@@ -44,22 +43,17 @@ func (c *Client) Networks(ctx context.Context) ([]Network, error) {
 	return out, nil
 }
 
-// CreateNetwork creates a managed network of type typ ("bridge" usually). Incus 6.0.4's
-// "Failed to delete bridge children interfaces" while it brings the bridge up is retried
-// (IsBridgeChildrenRace; Incus reverts the failed create). Should a retry find the network
-// there all the same, with the config asked for, the create counts as done.
 // CreateNetworkPending defines a network on one cluster member only (POST ?target=MEMBER),
 // with that member's own keys: on a cluster a network is created once per member this way,
 // then once more without a target with the cluster-wide config (CreateNetwork).
 func (c *Client) CreateNetworkPending(ctx context.Context, member, name, typ string, memberConfig map[string]string) error {
-	if memberConfig == nil {
-		memberConfig = map[string]string{}
-	}
-	_, err := c.call(ctx, http.MethodPost, "/1.0/networks?target="+url.QueryEscape(member),
-		map[string]any{"name": name, "type": typ, "config": memberConfig}, nil)
-	return err
+	return c.createOnMember(ctx, "/1.0/networks", member, map[string]any{"name": name, "type": typ}, memberConfig)
 }
 
+// CreateNetwork creates a managed network of type typ ("bridge" usually). Incus 6.0.4's
+// "Failed to delete bridge children interfaces" while it brings the bridge up is retried
+// (IsBridgeChildrenRace; Incus reverts the failed create). Should a retry find the network
+// there all the same, with the config asked for, the create counts as done.
 func (c *Client) CreateNetwork(ctx context.Context, name, typ string, config map[string]string, description string) error {
 	if config == nil {
 		config = map[string]string{}

@@ -2,8 +2,9 @@ package incus
 
 import (
 	"context"
-	"path"
-	"sort"
+	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -86,31 +87,31 @@ func (s Server) HasExtension(name string) bool {
 	return false
 }
 
-// ClusterMembers returns the names of the cluster's members (none on a standalone daemon).
-func (c *Client) ClusterMembers(ctx context.Context) ([]string, error) {
-	var urls []string
-	if _, err := c.get(ctx, "/1.0/cluster/members", &urls); err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(urls))
-	for _, u := range urls {
-		names = append(names, path.Base(u))
-	}
-	sort.Strings(names)
-	return names, nil
-}
-
 // ClusterMember is one member as GET /1.0/cluster/members?recursion=1 gives it.
 type ClusterMember struct {
 	Name string `json:"server_name"`
 	URL  string `json:"url"` // https://ADDRESS:PORT, the member's cluster address
 }
 
-// ClusterMemberList returns the cluster's members with their addresses (none standalone).
-func (c *Client) ClusterMemberList(ctx context.Context) ([]ClusterMember, error) {
+// ClusterMembers returns the cluster's members by name, with their addresses (none on a
+// standalone daemon).
+func (c *Client) ClusterMembers(ctx context.Context) ([]ClusterMember, error) {
 	var out []ClusterMember
 	if _, err := c.get(ctx, "/1.0/cluster/members?recursion=1", &out); err != nil {
 		return nil, err
 	}
+	slices.SortFunc(out, func(a, b ClusterMember) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// createOnMember defines an object of a collection on one cluster member only (POST
+// ?target=MEMBER) with that member's own config keys: the pending step of a cluster-wide
+// network or pool.
+func (c *Client) createOnMember(ctx context.Context, collection, member string, body map[string]any, memberConfig map[string]string) error {
+	if memberConfig == nil {
+		memberConfig = map[string]string{}
+	}
+	body["config"] = memberConfig
+	_, err := c.call(ctx, http.MethodPost, collection+"?target="+url.QueryEscape(member), body, nil)
+	return err
 }

@@ -3,7 +3,6 @@ package incus
 import (
 	"context"
 	"net/http"
-	"net/url"
 )
 
 // StoragePool is an Incus storage pool.
@@ -45,12 +44,7 @@ func (c *Client) CreateStoragePool(ctx context.Context, name, driver string, con
 // CreateStoragePoolPending defines a pool on one cluster member only (POST ?target=MEMBER)
 // with that member's own keys (size, source); then CreateStoragePool, without them, makes it.
 func (c *Client) CreateStoragePoolPending(ctx context.Context, member, name, driver string, memberConfig map[string]string) error {
-	if memberConfig == nil {
-		memberConfig = map[string]string{}
-	}
-	_, err := c.call(ctx, http.MethodPost, "/1.0/storage-pools?target="+url.QueryEscape(member),
-		map[string]any{"name": name, "driver": driver, "config": memberConfig}, nil)
-	return err
+	return c.createOnMember(ctx, "/1.0/storage-pools", member, map[string]any{"name": name, "driver": driver}, memberConfig)
 }
 
 // DeleteStoragePool deletes an (unused) storage pool.
