@@ -11,6 +11,7 @@
 //	                                  chain input:   hook input,   priority -1 ("filter - 1")
 //	                                  chain output:  hook output,  priority -1
 //	                                  chain inbound: hook forward, priority -1
+//	                                  chain egress:  hook postrouting, priority 200
 //	                                  chain answers: hook output,  priority -1 (answers.go)
 //	                                  chain dns_tcp: hook input,   priority -1 (answers.go)
 //	                                  all policy accept
@@ -46,6 +47,12 @@
 // the guard's copy sits in another table, so a flow into a box is never created
 // while either is there (the bridge table's L2 drops come after the IP stack
 // confirmed the flow in conntrack).
+//
+// Un-NATed egress, guard egress chain: after every NAT chain, a packet that
+// still has a box-subnet source and leaves by any interface but B (and lo)
+// is dropped. Incus's masquerade and the wall's own NAT it; this is the
+// layer that holds when both are gone (ipv4.nat=false during Incus's
+// re-apply window, the wall removed).
 //
 // ICMP to the host (echo to the gateway included) is dropped: the contract is
 // "box→host dropped", boxes need no ping to the gateway, and ICMP errors about
@@ -226,7 +233,12 @@ const (
 	GuardOutPrio   = -1
 	// InboundChain is the guard's second forward chain: no new flow into a box. A chain of
 	// its own so the host-input-guard part switches off without the box→box forward drop.
-	InboundChain     = "inbound"
+	InboundChain = "inbound"
+	// EgressChain is the guard's postrouting filter, after every NAT chain (Incus's srcnat
+	// at 100, the wall's own masquerade at 110): a box-subnet source still there leaves
+	// un-NATed, so it is dropped.
+	EgressChain      = "egress"
+	GuardEgressPrio  = 200
 	guardTableSuffix = "_guard"
 	tablePrefix      = "claudebox_"
 )
@@ -282,6 +294,7 @@ func DesiredChains(s Spec) []Chain {
 		Chain{Table: gt, Family: FamilyInet, Name: InputChain, Type: "filter", Hook: "input", Priority: GuardInputPrio, Policy: "accept"},
 		Chain{Table: gt, Family: FamilyInet, Name: OutputChain, Type: "filter", Hook: "output", Priority: GuardOutPrio, Policy: "accept"},
 		Chain{Table: gt, Family: FamilyInet, Name: InboundChain, Type: "filter", Hook: "forward", Priority: GuardFwdPrio, Policy: "accept"},
+		Chain{Table: gt, Family: FamilyInet, Name: EgressChain, Type: "filter", Hook: "postrouting", Priority: GuardEgressPrio, Policy: "accept"},
 	), append(localAnswersChains(s), wallChains(s)...)...)
 }
 
@@ -346,6 +359,10 @@ func Desired(s Spec) []Rule {
 		guardInto(s.Bridge, OutputChain, "host→box: no DHCP relay reply (dnsmasq answers a relayed request at giaddr:67)",
 			l4proto(expr.CmpOpEq, ipprotoUDP), relayPorts(), drop),
 		guardInto(s.Bridge, InboundChain, "nothing routed opens a new flow into a box", ctStateNew(), drop),
+		Rule{Table: gt, Family: FamilyInet, Chain: EgressChain,
+			Why: "box egress never leaves un-NATed: a box-subnet source past every NAT chain, on any interface but the bridge and lo",
+			exprs: cat(ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, s.Bridge), ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, "lo"),
+				nfproto(unix.NFPROTO_IPV4), ip4Op(12, expr.CmpOpEq, s.subnet()), drop)},
 	)
 	rules = append(rules, exposureRules(s)...)
 	rules = append(rules, localAnswersRules(s)...)

@@ -75,6 +75,7 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard output: oifname "claudenet" ct state new meta l4proto udp th sport != 67 drop`,
 		`inet claudebox_claudenet_guard output: oifname "claudenet" meta l4proto udp @th,0,32 0x00430043 drop`,
 		`inet claudebox_claudenet_guard inbound: oifname "claudenet" ct state new drop`,
+		`inet claudebox_claudenet_guard egress: oifname != "claudenet" oifname != "lo" meta nfproto ipv4 ip saddr 10.77.12.0/24 drop`,
 		`inet claudebox_claudenet_guard answers: oifname "claudenet" meta l4proto udp th sport 53 @th,80,8 & 0x84 == 0x84 @th,112,16 != 0x0000 drop`,
 		`inet claudebox_claudenet_guard dns_tcp: iifname "claudenet" meta l4proto tcp th dport 53 drop`,
 	}
@@ -112,7 +113,8 @@ func TestDesiredGolden(t *testing.T) {
 		}
 		wall := strings.Split(strings.ReplaceAll(wallGolden(nil, up), "/24", fmt.Sprintf("/%d", plen)), "\n")
 		l2p := strings.Split(strings.ReplaceAll(strings.Join(l2, "\n"), "/24", fmt.Sprintf("/%d", plen)), "\n")
-		want := append(append(append(append([]string{}, c.bridge...), l2p...), guard...), wall...)
+		guardp := strings.Split(strings.ReplaceAll(strings.Join(guard, "\n"), "/24", fmt.Sprintf("/%d", plen)), "\n")
+		want := append(append(append(append([]string{}, c.bridge...), l2p...), guardp...), wall...)
 		got := Desired(c.spec)
 		var lines []string
 		for _, r := range got {
@@ -138,6 +140,7 @@ func TestDesiredGolden(t *testing.T) {
 		"inet claudebox_claudenet_guard input: type filter hook input priority -1 policy accept",
 		"inet claudebox_claudenet_guard output: type filter hook output priority -1 policy accept",
 		"inet claudebox_claudenet_guard inbound: type filter hook forward priority -1 policy accept",
+		"inet claudebox_claudenet_guard egress: type filter hook postrouting priority 200 policy accept",
 		"inet claudebox_claudenet_guard answers: type filter hook output priority -1 policy accept",
 		"inet claudebox_claudenet_guard dns_tcp: type filter hook input priority -1 policy accept",
 		"inet claudebox_claudenet_wall prerouting: type filter hook prerouting priority -300 policy accept",

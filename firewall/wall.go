@@ -69,7 +69,7 @@ type Part string
 
 const (
 	PartBridge Part = "bridge" // table bridge claudebox_<B>: box→box frames
-	PartGuard  Part = "guard"  // chains input, output, inbound of inet claudebox_<B>_guard: box→host, nothing new into a box
+	PartGuard  Part = "guard"  // chains input, output, inbound, egress of inet claudebox_<B>_guard: box→host, nothing new into a box, nothing un-NATed out
 	PartWall   Part = "wall"   // table inet claudebox_<B>_wall: the complete inet layer
 )
 
@@ -94,7 +94,7 @@ func RemovePart(s Spec, p Part) error {
 	case PartL2Ranges:
 		return removeChains(bt, FamilyBridge, InputChain, OutputChain)
 	case PartGuard:
-		return removeChains(gt, FamilyInet, InputChain, OutputChain, InboundChain)
+		return removeChains(gt, FamilyInet, InputChain, OutputChain, InboundChain, EgressChain)
 	case PartLocalAnswers:
 		return removeChains(gt, FamilyInet, AnswersChain, DNSTCPChain)
 	case PartWall:
@@ -138,7 +138,7 @@ func (o Observed) PartPresent(p Part) bool {
 			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil
 		case p == PartGuard && t.Name == gt && t.Family == FamilyInet:
 			return t.Present && findChain(t.Chains, InputChain) != nil && findChain(t.Chains, OutputChain) != nil &&
-				findChain(t.Chains, InboundChain) != nil
+				findChain(t.Chains, InboundChain) != nil && findChain(t.Chains, EgressChain) != nil
 		case p == PartLocalAnswers && t.Name == gt && t.Family == FamilyInet:
 			return t.Present && findChain(t.Chains, AnswersChain) != nil && findChain(t.Chains, DNSTCPChain) != nil
 		case p == PartWall && t.Name == WallTableName(o.Bridge) && t.Family == FamilyInet:

@@ -122,7 +122,8 @@ func TestRemovePart(t *testing.T) {
 		if p == PartLocalAnswers && len(d) == 2 && d[1].What == "chain inet "+gt+" dns_tcp" {
 			d = d[:1]
 		}
-		if p == PartGuard && len(d) == 3 && d[1].What == "chain inet "+gt+" output" && d[2].What == "chain inet "+gt+" inbound" {
+		if p == PartGuard && len(d) == 4 && d[1].What == "chain inet "+gt+" output" && d[2].What == "chain inet "+gt+" inbound" &&
+			d[3].What == "chain inet "+gt+" egress" {
 			d = d[:1]
 		}
 		if len(d) != 1 || d[0].What != wantDrift[p] || d[0].Actual != absent {
