@@ -26,13 +26,13 @@ const (
 	LayerNoCache      Layer = "no-cache"          // dnsmasq keeps no shared cache (cache-size=0): no box sees a sibling's lookups
 	LayerDHCPKnown    Layer = "dhcp-known-only"   // dnsmasq answers DHCP only for MACs with a dhcp-host entry
 	LayerACL          Layer = "acl"               // the Incus network ACL, as its rules are in the kernel
-	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input, output, inbound: box→host, nothing new into a box
+	LayerHostGuard    Layer = "host-input-guard"  // inet claudebox_<B>_guard input, output, inbound, egress: box→host, nothing new into a box, nothing un-NATed out
 	LayerLocalAnswers Layer = "local-answers"     // inet claudebox_<B>_guard answers, dns_tcp: none of dnsmasq's own data reaches a box
 	LayerWall         Layer = "wall"              // inet claudebox_<B>_wall: claudebox's own complete layer
 	LayerNICFiltering Layer = "nic-filtering"     // security.mac/ipv4/ipv6_filtering on the box NIC
 	LayerIPv6Off      Layer = "ipv6.address=none" // no IPv6 on the bridge
 	LayerGuestAPIOff  Layer = "guest-api-off"     // security.guestapi=false: no /dev/incus in a box (a box could crash incusd through it)
-	LayerNAT          Layer = "nat"               // what lets boxes out at all (never switched off)
+	LayerNAT          Layer = "nat"               // ipv4.nat=true: Incus masquerades box egress (the wall's own masquerade and the guard's egress drop are the other layers)
 )
 
 // dnsmasqLine is the raw.dnsmasq line that is a layer ("" for layers that are not one).
@@ -50,7 +50,7 @@ func dnsmasqLine(l Layer) string {
 
 // SwitchableLayers are the layers SwitchOff can turn off, in the order a self-test goes.
 var SwitchableLayers = []Layer{LayerNFTBridge, LayerPortBinding, LayerFDBPin, LayerPortRPFilter, LayerL2Ranges, LayerBRNF, LayerPortIso, LayerDNSModeNone, LayerIgnoreNames,
-	LayerNoHosts, LayerNoIdent, LayerNoCache, LayerLocalAnswers, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff}
+	LayerNoHosts, LayerNoIdent, LayerNoCache, LayerLocalAnswers, LayerDHCPKnown, LayerACL, LayerHostGuard, LayerWall, LayerNICFiltering, LayerIPv6Off, LayerGuestAPIOff, LayerNAT}
 
 // LayerState is one reading of one layer, from the kernel where the kernel holds it.
 type LayerState struct {
@@ -114,7 +114,7 @@ func (st *StackState) Layers(boxes []string) []LayerState {
 	add(LayerACL, st.Network != nil && cfg["security.acls"] != "" && len(aclDrift) == 0,
 		"security.acls=%q default ingress=%s egress=%s; kernel: %s", cfg["security.acls"],
 		cfg["security.acls.default.ingress.action"], cfg["security.acls.default.egress.action"], driftSummary(aclDrift))
-	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chains input, output, inbound %s", gt, presence(st.Tables.GuardInput))
+	add(LayerHostGuard, st.Tables.GuardInput, "table inet %s chains input, output, inbound, egress %s", gt, presence(st.Tables.GuardInput))
 	add(LayerLocalAnswers, st.Tables.LocalAnswersOn, "table inet %s chains answers, dns_tcp: %s", gt, presence(st.Tables.LocalAnswersOn))
 	add(LayerWall, st.Tables.WallOn, "table inet %s: %s", st.Tables.Wall, presence(st.Tables.WallOn))
 	add(LayerNICFiltering, len(notFilt) == 0, "filtered: [%s] not filtered: [%s]", strings.Join(filt, " "), strings.Join(notFilt, " "))

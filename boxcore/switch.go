@@ -121,6 +121,8 @@ func (sw *switcher) off(ctx context.Context, l Layer) error {
 		delete(sw.cfg, "security.acls")
 		delete(sw.cfg, "security.acls.default.ingress.action")
 		delete(sw.cfg, "security.acls.default.egress.action")
+	case LayerNAT:
+		sw.cfg["ipv4.nat"] = "false"
 	case LayerIPv6Off:
 		r := make([]byte, 4)
 		_, _ = rand.Read(r)
