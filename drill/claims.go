@@ -32,6 +32,7 @@ const (
 	LayerL2Ranges      = boxcore.LayerL2Ranges
 	LayerDHCPKnownOnly = boxcore.LayerDHCPKnown
 	LayerPortRPFilter  = boxcore.LayerPortRPFilter
+	LayerNAT           = boxcore.LayerNAT
 )
 
 // AllLayers are the layers a seeded hole can remove, in the order the self-test goes.
@@ -109,4 +110,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimCluster, ClaimIPv6, ClaimHostBox, ClaimExposure, ClaimNested, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimCluster, ClaimIPv6, ClaimHostBox, ClaimExposure, ClaimNested, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimNAT, ClaimInternet, ClaimControl}

@@ -39,6 +39,7 @@ var Holes = append(singleHoles(),
 	hole("fdb pin + L2 ranges off", LayerFDBPin, LayerL2Ranges),
 	hole("port binding + L2 ranges + host input guard + wall off", LayerPortBinding, LayerL2Ranges, LayerHostGuard, LayerWall),
 	hole("IPv6 on and wall off", LayerIPv6Off, LayerWall),
+	hole("ipv4.nat=false + wall + host input guard off", LayerNAT, LayerWall, LayerHostGuard),
 	hole("wall + port rp_filter + L2 ranges off", LayerWall, LayerPortRPFilter, LayerL2Ranges),
 	hole("dns.mode=managed and dhcp-ignore-names removed", LayerDNSModeNone, LayerIgnoreNames),
 	hole("dns.mode=managed + dhcp-ignore-names + local answers removed", LayerDNSModeNone, LayerIgnoreNames, LayerLocalAnswers),
@@ -57,7 +58,7 @@ var holeNames = map[Layer]string{
 	LayerPortRPFilter: "port rp_filter off", LayerFDBPin: "fdb pin removed",
 	LayerBoxPids: "box pids limit off", LayerBoxMemory: "box memory limit off", LayerBoxDisk: "box disk quota off",
 	LayerBoxCPU: "box CPU quota off", LayerBoxSubvolDeny: "box subvolume deny off", LayerGuestAPIOff: "guest API on",
-	LayerExposeLoopback: "exposure listening beyond loopback",
+	LayerExposeLoopback: "exposure listening beyond loopback", LayerNAT: "ipv4.nat=false",
 }
 
 func singleHoles() []Hole {

@@ -116,7 +116,8 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 			return nil, err
 		}
 	}
-	cases, err := Plan(Claims, e.topology(), e.o.Timeout)
+	topo := e.topology()
+	cases, err := Plan(Claims, topo, e.o.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -227,6 +228,7 @@ func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	for name, hs := range saved {
 		hits[name] = append(hs, hits[name]...)
 	}
+	natSeen(m.Rows, hits["decoy"], topo.Gateway.Masked(), t)
 	heard(m.Rows, hits, t)
 	Judge(m.Rows)
 	if err := Complete(cases, m.Rows); err != nil {

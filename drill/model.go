@@ -37,13 +37,15 @@ const (
 	Exists      Outcome = "exists"       // DNS: it answered without records but without NXDOMAIN: the name exists
 	Fresh       Outcome = "fresh"        // DNS: the answer came from upstream, its TTL whole
 	Cached      Outcome = "cached"       // DNS: the answer came from a cache another box filled
+	NATed       Outcome = "natted"       // the public decoy heard it from an address outside the box subnet
+	UnNATed     Outcome = "un-natted"    // the public decoy heard it from the box subnet itself
 )
 
 // Negative reports whether an expectation is a "blocked" verdict that counts only when the
 // case's positive controls passed.
 func (o Outcome) Negative() bool {
 	// Refused: the exposure rows, where both layers answer as a closed port does.
-	return o == Dropped || o == Refused || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh || o == NoSuchName
+	return o == Dropped || o == Refused || o == NoAnswer || o == None || o == NoLease || o == Held || o == Fresh || o == NoSuchName || o == NATed
 }
 
 // Verdict of a case.

@@ -94,7 +94,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"nested/box-host/gateway-tcp": 1, "nested/box-host/gateway-udp": 1, "nested/box-host/addr-tcp": 1, "nested/box-host/addr-udp": 1,
 		"nested/lan/tcp": 1, "nested/lan/udp": 1, "nested/lan/icmp": 1, "nested/cgnat/tcp": 3, "nested/cgnat/udp": 2, "nested/cgnat/icmp": 2,
 		"nested/other-net/tcp": 1, "nested/other-net/udp": 1, "nested/uplink-net/tcp": 1, "nested/uplink-net/udp": 1, "nested/resolver/servers.bind": 1,
-		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2,
+		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2, "nat/udp": 3, "window/nat": 3,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))
@@ -455,5 +455,43 @@ func TestRunnerKilled(t *testing.T) {
 		if got := runnerKilled(r); got != c.want {
 			t.Errorf("runnerKilled(%s, %q) = %v, want %v", c.outcome, c.evidence, got, c.want)
 		}
+	}
+}
+
+// natSeen judges by the source the public decoy heard with the row's marker: the box
+// subnet is a hole, another address is NATed, nothing heard establishes nothing. Judge
+// counts NATed only with its control.
+func TestNATSeen(t *testing.T) {
+	since := time.Now()
+	boxNet := netip.MustParsePrefix("10.87.0.0/24")
+	row := func(id, marker string, ctl ...string) *Row {
+		return &Row{Case: Case{ID: id, Expected: NATed, Controls: ctl, Probe: probes.Spec{Kind: probes.KindUDP, Payload: marker}}, Observed: Open}
+	}
+	ctl := &Row{Case: Case{ID: "c", Expected: Open}, Observed: Open}
+	natted, unnatted, unheard, old := row("n", "m-1", "c"), row("u", "m-2", "c"), row("x", "m-3", "c"), row("o", "m-4", "c")
+	hits := []probes.Hit{
+		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "198.18.0.249:40001", Payload: "m-1"},
+		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "198.18.0.249:40002", Payload: "m-2"},
+		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "10.87.0.23:40003", Payload: "m-2"},
+		{Time: since.Add(-time.Second), Proto: "udp", Peer: "10.87.0.23:40004", Payload: "m-4"}, // an earlier matrix's
+	}
+	rows := []*Row{ctl, natted, unnatted, unheard, old}
+	natSeen(rows, hits, boxNet, since)
+	heard(rows, map[string][]probes.Hit{"decoy": hits}, since)
+	Judge(rows)
+	for _, c := range []struct {
+		r        *Row
+		observed Outcome
+		verdict  Verdict
+	}{{natted, NATed, Pass}, {unnatted, UnNATed, Fail}, {unheard, CheckFailed, NoCheck}, {old, CheckFailed, NoCheck}} {
+		if c.r.Observed != c.observed || c.r.Verdict != c.verdict {
+			t.Errorf("%s: observed %s verdict %s, want %s %s (%s)", c.r.ID, c.r.Observed, c.r.Verdict, c.observed, c.verdict, c.r.Why)
+		}
+	}
+	bad := row("b", "m-1", "nosuch")
+	natSeen([]*Row{bad}, hits, boxNet, since)
+	Judge([]*Row{bad})
+	if bad.Verdict != NoCheck {
+		t.Errorf("NATed without a passing control: %s, want check-failed", bad.Verdict)
 	}
 }

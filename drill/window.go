@@ -388,10 +388,11 @@ func (e *engine) runInDecoy(ctx context.Context, specs []probes.Spec) ([]probes.
 }
 
 // heard turns a negative row whose marker reached any receiver (the decoy, the host's
-// listener, a box's) into "open": the other end's view outranks the sender's silence.
+// listener, a box's) into "open": the other end's view outranks the sender's silence. (A row
+// expecting NATed is the decoy's to judge, by the source it heard: natSeen.)
 func heard(rows []*Row, hits map[string][]probes.Hit, since time.Time) {
 	for _, r := range rows {
-		if !r.Expected.Negative() || r.Probe.Payload == "" || !activeKind(r.Probe.Kind) {
+		if !r.Expected.Negative() || r.Expected == NATed || r.Probe.Payload == "" || !activeKind(r.Probe.Kind) {
 			continue
 		}
 		var seen []string
