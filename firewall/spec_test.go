@@ -244,6 +244,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 		w + `forward: iifname "claudenet" meta nfproto ipv6 drop`,
 		w + `forward: oifname "claudenet" meta nfproto ipv6 drop`,
 		w + `forward: iifname "claudenet" meta nfproto ipv4 ip saddr != 10.77.12.0/24 drop`,
+		w + `forward: iifname "claudenet" ct state invalid,untracked drop`,
 	}
 	for _, b := range blocked {
 		lines = append(lines, w+`forward: iifname "claudenet" meta nfproto ipv4 ip daddr `+b+` drop`)

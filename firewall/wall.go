@@ -291,6 +291,7 @@ const (
 	wFwdIPv6In     = "fwd-ipv6-in"
 	wFwdIPv6Out    = "fwd-ipv6-out"
 	wFwdSpoof      = "fwd-spoof"
+	wFwdInvalid    = "fwd-invalid"
 	wFwdBlockedDst = "fwd-blocked-daddr"
 	wFwdBlockedSrc = "fwd-blocked-saddr"
 	wFwdNewIn      = "fwd-new-in"
@@ -362,6 +363,10 @@ func wallRules(s Spec) []Rule {
 		mk(ForwardChain, wFwdIPv6In, "no IPv6 from a box", inB, ipv6, drop),
 		mk(ForwardChain, wFwdIPv6Out, "no IPv6 to a box", outB, ipv6, drop),
 		mk(ForwardChain, wFwdSpoof, "a box is routed only from its subnet", inB, ipv4, ip4Op(12, expr.CmpOpNeq, n), drop),
+		// No NAT chain sees a packet conntrack calls invalid (a wrong checksum, a TCP flag
+		// mix no state allows) or untracked: forwarded, it would leave with the box's address.
+		mk(ForwardChain, wFwdInvalid, "nothing conntrack calls invalid or untracked is forwarded from a box (no NAT chain sees it: it would leave un-NATed)",
+			inB, ctStateIn(expr.CtStateBitINVALID|expr.CtStateBitUNTRACKED), drop),
 	}...)
 	for _, p := range s.blocked() {
 		rules = append(rules, mk(ForwardChain, wFwdBlockedDst, "a box never reaches "+p.String()+" (no ct exception)", inB, ipv4, ip4Op(16, expr.CmpOpEq, p), drop))
@@ -439,11 +444,14 @@ func fibDaddrType(t uint32) []expr.Any {
 }
 
 // ctStateNew is `ct state new`.
-func ctStateNew() []expr.Any {
+func ctStateNew() []expr.Any { return ctStateIn(expr.CtStateBitNEW) }
+
+// ctStateIn is `ct state S1,S2,...`: any of the state bits.
+func ctStateIn(bits uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 	}
 }
