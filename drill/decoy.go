@@ -273,11 +273,18 @@ func (d *Decoy) Up() (err error) {
 		return fmt.Errorf("decoy: default route in %s: %w", d.NS, err)
 	}
 
+	// The public side's capture hears every frame the host forwards to the "internet": what
+	// the NAT rows need (the source a packet left with, also for packets no socket accepts,
+	// like a datagram with a wrong checksum). The host's end is that side's only sender.
+	hostUp, err := netlink.LinkByName(d.Uplink.HostVeth)
+	if err != nil {
+		return fmt.Errorf("decoy: %s: %w", d.Uplink.HostVeth, err)
+	}
 	// Sockets are opened inside the namespace; the goroutines serving them run anywhere.
 	if err := netns.Set(ns); err != nil {
 		return err
 	}
-	err = d.serveInNS()
+	err = d.serveInNS(hostUp.Attrs().HardwareAddr.String())
 	if serr := netns.Set(orig); serr != nil {
 		// This thread is in the wrong namespace: let it die with the lock held.
 		panic(fmt.Sprintf("decoy: cannot return to the host netns: %v", serr))
@@ -288,9 +295,10 @@ func (d *Decoy) Up() (err error) {
 	return d.VerifyRoutes()
 }
 
-func (d *Decoy) serveInNS() error {
+func (d *Decoy) serveInNS(hostUplinkMAC string) error {
 	tcp := []int{DecoyTCP, DecoyHTTP}
-	ls, err := probes.Serve(context.Background(), probes.ListenerConfig{TCP: tcp, UDP: []int{DecoyUDP}, Banner: "claudebox-drill decoy"})
+	ls, err := probes.Serve(context.Background(), probes.ListenerConfig{TCP: tcp, UDP: []int{DecoyUDP}, Banner: "claudebox-drill decoy",
+		Capture: d.Uplink.NSVeth, CaptureAllow: []string{hostUplinkMAC}})
 	if err != nil {
 		return fmt.Errorf("decoy responders: %w", err)
 	}

@@ -27,6 +27,13 @@ var (
 	natRows   = []ClaimRow{
 		{Key: "nat/udp", Claim: ClaimNAT, Kind: "udp", ID: "nat/{from}/udp", From: FromBoxes, To: ToPublic, Expect: NATed,
 			Probe: toDecoyUDP, Controls: []Control{inetTCP}, Holds: natLayers},
+		// A packet conntrack calls invalid (here a wrong UDP checksum) is seen by no NAT
+		// chain: nothing may forward it, since it could only leave un-NATed.
+		{Key: "nat/invalid", Claim: ClaimNAT, Kind: "spoof", ID: "nat/{from}/invalid-udp", From: FromBoxes, To: ToPublic, Expect: Dropped,
+			Probe: func(from, to Endpoint, _ *Topology) probes.Spec {
+				return probes.Spec{Kind: probes.KindSpoofUDP, Target: to.Addr.String(), Port: DecoyUDP,
+					Spoof: &probes.SpoofSpec{SrcIP: from.Box.IPv4.String(), BadChecksum: true}}
+			}, Controls: []Control{inetTCP}, Holds: any1(LayerWall, LayerHostGuard)},
 		{Key: "window/nat", Claim: ClaimNAT, Kind: "flood", ID: "window/{from}>public/nat", From: FromBoxes, To: ToPublic, Expect: NATed,
 			Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 				return flood(udpTo(DecoyUDP, to.Addr), nil)
@@ -46,15 +53,14 @@ func natSeen(rows []*Row, decoy []probes.Hit, boxNet netip.Prefix, since time.Ti
 			if h.Time.Before(since) || r.Probe.Payload == "" || !strings.Contains(h.Payload, r.Probe.Payload) {
 				continue
 			}
-			host, _, err := net.SplitHostPort(h.Peer)
-			if err != nil {
-				host = h.Peer
-			}
-			src, err := netip.ParseAddr(host)
-			if err == nil && boxNet.Contains(src.Unmap()) {
+			src, ok := peerIP(h)
+			switch {
+			case ok && boxNet.Contains(src):
 				inside = append(inside, src.String())
-			} else {
-				outside = append(outside, host)
+			case ok:
+				outside = append(outside, src.String())
+			default:
+				outside = append(outside, h.Peer)
 			}
 		}
 		switch {
@@ -69,4 +75,21 @@ func natSeen(rows []*Row, decoy []probes.Hit, boxNet netip.Prefix, since time.Ti
 			r.Result.Evidence = "the public decoy heard nothing with this row's marker: the source it leaves with is unobserved (" + r.Result.Evidence + ")"
 		}
 	}
+}
+
+// peerIP is the source address of a hit: a socket's peer ("198.18.0.249:40001") or a
+// captured frame's ("0a:1b:2c:3d:4e:5f 198.18.0.249").
+func peerIP(h probes.Hit) (netip.Addr, bool) {
+	s := h.Peer
+	if h.Proto == "frame" {
+		f := strings.Fields(s)
+		if len(f) < 2 {
+			return netip.Addr{}, false
+		}
+		s = f[len(f)-1]
+	} else if host, _, err := net.SplitHostPort(s); err == nil {
+		s = host
+	}
+	a, err := netip.ParseAddr(s)
+	return a.Unmap(), err == nil
 }

@@ -68,6 +68,9 @@ type SpoofSpec struct {
 	// SrcIP: spoof-udp sends from this address (a sibling's, or any).
 	SrcIP   string `json:"src_ip,omitempty"`
 	SrcPort int    `json:"src_port,omitempty"` // spoof-udp; default 40000
+	// BadChecksum: spoof-udp sends a wrong UDP checksum. Conntrack calls such a packet
+	// invalid, and no NAT chain ever sees an invalid packet: it leaves as it was sent.
+	BadChecksum bool `json:"bad_checksum,omitempty"`
 	// VictimIP: arp-spoof claims it (is-at our MAC); mac-spoof also counts
 	// frames to it. VictimMAC: mac-spoof sends from it and counts frames to it.
 	VictimIP  string `json:"victim_ip,omitempty"`
