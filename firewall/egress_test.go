@@ -1,6 +1,16 @@
 package firewall
 
-import "testing"
+import (
+	"encoding/binary"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
 
 // TestEgressGuardAlone proves the guard's egress chain as a layer of its own: with no NAT
 // anywhere in the lab (no Incus, no wall) a box's datagram reaches the public decoy with the
@@ -64,4 +74,126 @@ func TestEgressGuardAlone(t *testing.T) {
 	if got := seen(); got != wlBox {
 		t.Errorf("hole, the wall without its masquerade and no guard: the decoy saw %q, want the box's own %s", got, wlBox)
 	}
+}
+
+// TestWallDropsInvalid: a datagram with a wrong UDP checksum is invalid to conntrack, so no
+// NAT chain sees it; forwarded, it would reach the uplink with the box's own address. The
+// wall's invalid drop alone keeps it in (the wall's masquerade cannot help); without that
+// rule it arrives un-NATed. A raw socket on the far side hears what UDP sockets drop.
+func TestWallDropsInvalid(t *testing.T) {
+	t.Parallel()
+	l := newWallLab(t)
+	rec := rawUDPRecorder(t, l.wan)
+	send := func() string {
+		tok := token("invalid")
+		pkt := udpBadChecksum(wlBox, wlPublic, 40001, 7100, tok)
+		if err := sendIPFrame(l.box, l.boxIf, l.gwMAC, pkt); err != nil {
+			return "check-failed: " + err.Error()
+		}
+		return rec.wait(tok)
+	}
+	l.noWall(t)
+	must(t, RemovePart(l.spec(), PartGuard))
+	if got := send(); got != wlBox {
+		t.Fatalf("control, no wall and no guard: the far side heard %q, want the box's own %s", got, wlBox)
+	}
+	l.applyWall(t)
+	if got := send(); got != dropped {
+		t.Errorf("the wall alone: the far side heard %q, want %s (invalid is never forwarded)", got, dropped)
+	}
+	l.applyWall(t, wFwdInvalid)
+	if got := send(); got != wlBox {
+		t.Errorf("hole, the wall without its invalid drop: the far side heard %q, want the box's own %s (un-NATed: its masquerade never sees an invalid packet)", got, wlBox)
+	}
+}
+
+// udpBadChecksum is an IPv4 UDP packet whose UDP checksum is wrong on purpose.
+func udpBadChecksum(src, dst string, sport, dport uint16, payload string) []byte {
+	pkt := make([]byte, 28+len(payload))
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
+	copy(pkt[12:16], net.ParseIP(src).To4())
+	copy(pkt[16:20], net.ParseIP(dst).To4())
+	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20]))
+	binary.BigEndian.PutUint16(pkt[20:], sport)
+	binary.BigEndian.PutUint16(pkt[22:], dport)
+	binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload)))
+	copy(pkt[28:], payload)
+	cs := checksum(append(udpPseudo(pkt), pkt[20:]...))
+	binary.BigEndian.PutUint16(pkt[26:], ^cs) // never the right one (and never 0: "no checksum")
+	if ^cs == 0 || ^cs == cs {
+		binary.BigEndian.PutUint16(pkt[26:], 0x1234)
+	}
+	return pkt
+}
+
+func udpPseudo(pkt []byte) []byte {
+	p := make([]byte, 12)
+	copy(p[0:8], pkt[12:20])
+	p[9] = unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(p[10:], uint16(len(pkt)-20))
+	return p
+}
+
+// sendIPFrame sends an IPv4 packet as a frame to dstMAC out of ifindex in ns.
+func sendIPFrame(ns netns.NsHandle, ifindex int, dstMAC net.HardwareAddr, pkt []byte) error {
+	return inNS(ns, func() error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, int(htons(unix.ETH_P_IP)))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifindex, Halen: 6}
+		copy(sa.Addr[:], dstMAC)
+		return unix.Sendto(fd, pkt, 0, sa)
+	})
+}
+
+// rawRecorder hears every UDP packet delivered to ns (a raw socket gets its copy before UDP
+// checks the checksum) and remembers the source of each token.
+type rawRecorder struct {
+	mu   sync.Mutex
+	seen map[string]string
+}
+
+func rawUDPRecorder(t *testing.T, ns netns.NsHandle) *rawRecorder {
+	t.Helper()
+	r := &rawRecorder{seen: map[string]string{}}
+	var fd int
+	must(t, inNS(ns, func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+		return err
+	}))
+	f := os.NewFile(uintptr(fd), "raw-udp")
+	t.Cleanup(func() { f.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, err := f.Read(buf)
+			if err != nil {
+				return
+			}
+			if n < 28 {
+				continue
+			}
+			src := net.IP(buf[12:16]).String()
+			r.mu.Lock()
+			r.seen[string(buf[28:n])] = src
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// wait returns the source the token came from, or dropped after a second.
+func (r *rawRecorder) wait(tok string) string {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		r.mu.Lock()
+		src, ok := r.seen[tok]
+		r.mu.Unlock()
+		if ok {
+			return src
+		}
+	}
+	return dropped
 }
