@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net"
 	"os"
@@ -29,30 +30,7 @@ func TestEgressGuardAlone(t *testing.T) {
 		return public.wait(tok)
 	}
 	s := l.spec().Resolved()
-	egressOnly := func() {
-		t.Helper()
-		must(t, RemovePart(s, PartGuard))
-		obs, err := Read(s.Bridge)
-		must(t, err)
-		_, gt := TableNames(s.Bridge)
-		var guardOnly Observed
-		for _, ts := range obs.Tables {
-			if ts.Name == gt {
-				guardOnly.Tables = append(guardOnly.Tables, ts)
-			}
-		}
-		var rules []Rule
-		for _, r := range Desired(s) {
-			if r.Table == gt && r.Chain == EgressChain {
-				rules = append(rules, r)
-			}
-		}
-		if len(rules) != 1 {
-			t.Fatalf("the guard's egress chain has %d rules, want 1", len(rules))
-		}
-		must(t, applyRules(s, guardOnly, rules))
-		l.flushConntrack(t)
-	}
+	egressOnly := func() { t.Helper(); guardEgress(t, l, s) }
 
 	l.noWall(t)
 	must(t, RemovePart(s, PartGuard))
@@ -152,13 +130,14 @@ func sendIPFrame(ns netns.NsHandle, ifindex int, dstMAC net.HardwareAddr, pkt []
 // rawRecorder hears every UDP packet delivered to ns (a raw socket gets its copy before UDP
 // checks the checksum) and remembers the source of each token.
 type rawRecorder struct {
-	mu   sync.Mutex
-	seen map[string]string
+	mu     sync.Mutex
+	seen   map[string]string
+	header map[string][]byte // the IPv4 header each token arrived with
 }
 
 func rawUDPRecorder(t *testing.T, ns netns.NsHandle) *rawRecorder {
 	t.Helper()
-	r := &rawRecorder{seen: map[string]string{}}
+	r := &rawRecorder{seen: map[string]string{}, header: map[string][]byte{}}
 	var fd int
 	must(t, inNS(ns, func() (err error) {
 		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
@@ -173,12 +152,14 @@ func rawUDPRecorder(t *testing.T, ns netns.NsHandle) *rawRecorder {
 			if err != nil {
 				return
 			}
-			if n < 28 {
+			ihl := int(buf[0]&0x0f) * 4
+			if n < ihl+8 || ihl < 20 {
 				continue
 			}
 			src := net.IP(buf[12:16]).String()
 			r.mu.Lock()
-			r.seen[string(buf[28:n])] = src
+			r.seen[string(buf[ihl+8:n])] = src
+			r.header[string(buf[ihl+8:n])] = append([]byte(nil), buf[:ihl]...)
 			r.mu.Unlock()
 		}
 	}()
@@ -196,4 +177,88 @@ func (r *rawRecorder) wait(tok string) string {
 		}
 	}
 	return dropped
+}
+
+// TestIPOptionsNeverLeave: a router fills an IPv4 timestamp option (flag 1) with the address
+// of the interface the packet came in by, so a box's datagram carrying one leaves with the
+// gateway's address in its header, NATed or not. The wall's forward drop and the guard's
+// egress drop each keep it in alone; with neither it arrives, the gateway's address inside.
+func TestIPOptionsNeverLeave(t *testing.T) {
+	t.Parallel()
+	l := newWallLab(t)
+	rec := rawUDPRecorder(t, l.wan)
+	var last []byte
+	send := func() string {
+		tok := token("ipopt")
+		pkt := udpWithTimestampOption(wlBox, wlPublic, 40002, 7100, tok)
+		if err := sendIPFrame(l.box, l.boxIf, l.gwMAC, pkt); err != nil {
+			return "check-failed: " + err.Error()
+		}
+		got := rec.wait(tok)
+		rec.mu.Lock()
+		last = rec.header[tok]
+		rec.mu.Unlock()
+		return got
+	}
+	s := l.spec().Resolved()
+	l.noWall(t)
+	must(t, RemovePart(s, PartGuard))
+	if got := send(); got != wlBox || !bytes.Contains(last, net.ParseIP(wlGW).To4()) {
+		t.Fatalf("control, no wall and no guard: heard %q with header % x, want the box's %s with the gateway %s in its timestamp option", got, last, wlBox, wlGW)
+	}
+	l.applyWall(t)
+	if got := send(); got != dropped {
+		t.Errorf("the wall alone: heard %q, want %s", got, dropped)
+	}
+	l.applyWall(t, wFwdIPOptions)
+	if got := send(); got == dropped {
+		t.Fatalf("hole, the wall without its options drop: %s, want it heard", got)
+	}
+	guardEgress(t, l, s)
+	if got := send(); got != dropped {
+		t.Errorf("the wall without its options drop, the guard's egress beside it: heard %q, want %s", got, dropped)
+	}
+}
+
+// guardEgress loads the guard's egress chain alone into the guard table (its other chains
+// empty), conntrack flushed.
+func guardEgress(t *testing.T, l *wallLab, s Spec) {
+	t.Helper()
+	must(t, RemovePart(s, PartGuard))
+	obs, err := Read(s.Bridge)
+	must(t, err)
+	_, gt := TableNames(s.Bridge)
+	var guardOnly Observed
+	for _, ts := range obs.Tables {
+		if ts.Name == gt {
+			guardOnly.Tables = append(guardOnly.Tables, ts)
+		}
+	}
+	var rules []Rule
+	for _, r := range Desired(s) {
+		if r.Table == gt && r.Chain == EgressChain {
+			rules = append(rules, r)
+		}
+	}
+	must(t, applyRules(s, guardOnly, rules))
+	l.flushConntrack(t)
+}
+
+// udpWithTimestampOption is an IPv4 UDP packet whose header carries an empty timestamp
+// option (type 68, flag 1: each router records its address and a timestamp).
+func udpWithTimestampOption(src, dst string, sport, dport uint16, payload string) []byte {
+	opt := []byte{68, 12, 5, 0x01, 0, 0, 0, 0, 0, 0, 0, 0} // room for one address and one timestamp
+	const ihl = 20 + 12
+	pkt := make([]byte, ihl+8+len(payload))
+	pkt[0], pkt[8], pkt[9] = 0x40|ihl/4, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
+	copy(pkt[12:16], net.ParseIP(src).To4())
+	copy(pkt[16:20], net.ParseIP(dst).To4())
+	copy(pkt[20:], opt)
+	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:ihl]))
+	binary.BigEndian.PutUint16(pkt[ihl:], sport)
+	binary.BigEndian.PutUint16(pkt[ihl+2:], dport)
+	binary.BigEndian.PutUint16(pkt[ihl+4:], uint16(8+len(payload))) // checksum 0: none
+	copy(pkt[ihl+8:], payload)
+	return pkt
 }

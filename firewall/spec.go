@@ -340,6 +340,7 @@ func Desired(s Spec) []Rule {
 	rules = append(rules,
 		fwd("box→box routed through the gateway (hairpin), and bridged box→box while br_netfilter hands bridged IP to inet",
 			cat(ifname(expr.MetaKeyIIFNAME, s.Bridge), ifname(expr.MetaKeyOIFNAME, s.Bridge), drop)...),
+
 		in("replies to connections the host or a box was allowed to open",
 			cat(ctStateEstRel(), accept)...),
 		in("DNS to the gateway's dnsmasq (udp)",
@@ -363,6 +364,10 @@ func Desired(s Spec) []Rule {
 			Why: "box egress never leaves un-NATed: a box-subnet source past every NAT chain, on any interface but the bridge and lo",
 			exprs: cat(ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, s.Bridge), ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, "lo"),
 				nfproto(unix.NFPROTO_IPV4), ip4Op(12, expr.CmpOpEq, s.subnet()), drop)},
+		Rule{Table: gt, Family: FamilyInet, Chain: EgressChain,
+			Why: "nothing routed from a box leaves with IPv4 options (a timestamp option would carry the gateway's address out)",
+			exprs: cat(ifname(expr.MetaKeyIIFNAME, s.Bridge), ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, s.Bridge),
+				nfproto(unix.NFPROTO_IPV4), ipOptions(), drop)},
 	)
 	rules = append(rules, exposureRules(s)...)
 	rules = append(rules, localAnswersRules(s)...)

@@ -76,6 +76,7 @@ func TestDesiredGolden(t *testing.T) {
 		`inet claudebox_claudenet_guard output: oifname "claudenet" meta l4proto udp @th,0,32 0x00430043 drop`,
 		`inet claudebox_claudenet_guard inbound: oifname "claudenet" ct state new drop`,
 		`inet claudebox_claudenet_guard egress: oifname != "claudenet" oifname != "lo" meta nfproto ipv4 ip saddr 10.77.12.0/24 drop`,
+		`inet claudebox_claudenet_guard egress: iifname "claudenet" oifname != "claudenet" meta nfproto ipv4 @nh,0,8 & 0x0f != 0x05 drop`,
 		`inet claudebox_claudenet_guard answers: oifname "claudenet" meta l4proto udp th sport 53 @th,80,8 & 0x84 == 0x84 @th,112,16 != 0x0000 drop`,
 		`inet claudebox_claudenet_guard dns_tcp: iifname "claudenet" meta l4proto tcp th dport 53 drop`,
 	}
@@ -245,6 +246,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 		w + `forward: oifname "claudenet" meta nfproto ipv6 drop`,
 		w + `forward: iifname "claudenet" meta nfproto ipv4 ip saddr != 10.77.12.0/24 drop`,
 		w + `forward: iifname "claudenet" ct state invalid,untracked drop`,
+		w + `forward: iifname "claudenet" meta nfproto ipv4 @nh,0,8 & 0x0f != 0x05 drop`,
 	}
 	for _, b := range blocked {
 		lines = append(lines, w+`forward: iifname "claudenet" meta nfproto ipv4 ip daddr `+b+` drop`)

@@ -292,6 +292,7 @@ const (
 	wFwdIPv6Out    = "fwd-ipv6-out"
 	wFwdSpoof      = "fwd-spoof"
 	wFwdInvalid    = "fwd-invalid"
+	wFwdIPOptions  = "fwd-ip-options"
 	wFwdBlockedDst = "fwd-blocked-daddr"
 	wFwdBlockedSrc = "fwd-blocked-saddr"
 	wFwdNewIn      = "fwd-new-in"
@@ -367,6 +368,10 @@ func wallRules(s Spec) []Rule {
 		// mix no state allows) or untracked: forwarded, it would leave with the box's address.
 		mk(ForwardChain, wFwdInvalid, "nothing conntrack calls invalid or untracked is forwarded from a box (no NAT chain sees it: it would leave un-NATed)",
 			inB, ctStateIn(expr.CtStateBitINVALID|expr.CtStateBitUNTRACKED), drop),
+		// A router fills some IPv4 options with its own address (timestamp, flag 1: the
+		// address of the interface it came in by — the gateway's): none leaves the host.
+		mk(ForwardChain, wFwdIPOptions, "nothing with IPv4 options is forwarded from a box (a timestamp option would carry the gateway's address out)",
+			inB, ipv4, ipOptions(), drop),
 	}...)
 	for _, p := range s.blocked() {
 		rules = append(rules, mk(ForwardChain, wFwdBlockedDst, "a box never reaches "+p.String()+" (no ct exception)", inB, ipv4, ip4Op(16, expr.CmpOpEq, p), drop))
@@ -445,6 +450,11 @@ func fibDaddrType(t uint32) []expr.Any {
 
 // ctStateNew is `ct state new`.
 func ctStateNew() []expr.Any { return ctStateIn(expr.CtStateBitNEW) }
+
+// ipOptions is `ip hdrlength != 5`: the IPv4 header carries options.
+func ipOptions() []expr.Any {
+	return masked(expr.PayloadBaseNetworkHeader, 0, []byte{0x0f}, expr.CmpOpNeq, []byte{0x05})
+}
 
 // ctStateIn is `ct state S1,S2,...`: any of the state bits.
 func ctStateIn(bits uint32) []expr.Any {
