@@ -230,6 +230,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 	pre := w + `prerouting: iifname "claudenet" `
 	lines := []string{
 		w + `prerouting: iifname != "claudenet" iifname != "lo" meta nfproto ipv4 ip saddr 10.77.12.0/24 drop`,
+		w + `prerouting: iifname != "claudenet" iifname != "lo" meta nfproto ipv4 ip daddr 10.77.12.0/24 drop`,
 		pre + `meta nfproto ipv6 drop`,
 		pre + `meta nfproto ipv4 ip saddr != 10.77.12.0/24 ip saddr != 0.0.0.0 drop`,
 		pre + `meta nfproto ipv4 ip saddr 0.0.0.0 meta l4proto != udp drop`,

@@ -281,6 +281,7 @@ const (
 	wPreSubnetElse = "pre-subnet-elsewhere"
 	wPreIPv6       = "pre-ipv6"
 	wPreSpoof      = "pre-spoof"
+	wPreSubnetDst  = "pre-subnet-addressed-elsewhere"
 	wPreZeroProto  = "pre-zero-proto"
 	wPreZeroSport  = "pre-zero-sport"
 	wPreZeroDport  = "pre-zero-dport"
@@ -346,6 +347,12 @@ func wallRules(s Spec) []Rule {
 	rules = append(rules, mk(PreroutingChain, wPreSubnetElse,
 		"a box-subnet source arrives only by the bridge (not on a box's port by a link-local group MAC, not on any other interface)",
 		ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, b), ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, "lo"), ipv4, ip4Op(12, expr.CmpOpEq, n), drop))
+	// Before NAT is undone (priority -300 < dstnat), a reply to a box is still addressed to
+	// the host: what arrives elsewhere addressed to the box subnet was aimed at it from
+	// outside (the host would answer for its gateway address, from that address).
+	rules = append(rules, mk(PreroutingChain, wPreSubnetDst,
+		"the box subnet is addressed only from the bridge (from the LAN or an uplink not even the gateway's address answers)",
+		ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, b), ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpNeq, "lo"), ipv4, ip4Op(16, expr.CmpOpEq, n), drop))
 	rules = append(rules, []Rule{
 		pre(wPreIPv6, "no IPv6 from a box, to anywhere", ipv6, drop),
 		pre(wPreSpoof, "a box sends only from its subnet (0.0.0.0 only for DHCP, below)",

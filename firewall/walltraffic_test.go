@@ -116,7 +116,7 @@ func (l *wallLab) probes(t *testing.T) []wallProbe {
 		// (The box's SYN-ACK is a box→host packet the wall drops as well.)
 		{name: "host→box new tcp", run: func() string { return tcpProbe(l.host, hostPort(wlBox, 7000)) }, want: dropped, holders: []string{wOutNewNotUDP, wPreLocal}},
 		{name: "host→box new udp (not from 67)", run: received("udp4", "", hostPort(wlBox, 68), box68), want: dropped, holders: []string{wOutNewUDP}},
-		{name: "uplink→box new tcp", run: func() string { return tcpProbe(l.wan, hostPort(wlBox, 7000)) }, want: dropped, holders: []string{wFwdNewIn}},
+		{name: "uplink→box new tcp", run: func() string { return tcpProbe(l.wan, hostPort(wlBox, 7000)) }, want: dropped, holders: []string{wFwdNewIn, wPreSubnetDst}},
 
 		// No IPv6, either way.
 		{name: "box→host ipv6 tcp", run: func() string { return dialProbe(l.box, "tcp6", hostPort(wlGW6, 8080)) }, want: dropped, holders: []string{wPreIPv6, wPreLocal, wOutIPv6}},
@@ -133,7 +133,8 @@ func (l *wallLab) probes(t *testing.T) []wallProbe {
 		// The box subnet is reached only on the bridge (and the impostor's
 		// answer, a box-subnet source on another interface, never comes in).
 		{name: "host→box-subnet address via a non-bridge interface", run: func() string { return tcpProbe(l.host, hostPort(wlImpostor, 7000)) }, want: dropped, holders: []string{wOutSubnetElse, wPreSubnetElse}},
-		{name: "uplink→box-subnet address routed to a non-bridge interface", run: func() string { return tcpProbe(l.wan, hostPort(wlImpostor, 7000)) }, want: dropped, holders: []string{wFwdSubnetElse, wPreSubnetElse}},
+		{name: "uplink→the gateway address (the host would answer from it)", run: func() string { return tcpProbe(l.wan, hostPort(wlGW, 8080)) }, want: dropped, holders: []string{wPreSubnetDst}},
+		{name: "uplink→box-subnet address routed to a non-bridge interface", run: func() string { return tcpProbe(l.wan, hostPort(wlImpostor, 7000)) }, want: dropped, holders: []string{wFwdSubnetElse, wPreSubnetElse, wPreSubnetDst}},
 	}
 }
 
