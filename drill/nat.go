@@ -34,6 +34,21 @@ var (
 				return probes.Spec{Kind: probes.KindSpoofUDP, Target: to.Addr.String(), Port: DecoyUDP,
 					Spoof: &probes.SpoofSpec{SrcIP: from.Box.IPv4.String(), BadChecksum: true}}
 			}, Controls: []Control{inetTCP}, Holds: any1(LayerWall, LayerHostGuard)},
+		// A router writes the address a packet came in by into an IPv4 timestamp option
+		// (flag 1): the gateway's, past any NAT. Nothing with options leaves from a box.
+		{Key: "nat/ip-options", Claim: ClaimNAT, Kind: "spoof", ID: "nat/{from}/ip-options", From: FromBoxes, To: ToPublic, Expect: Dropped,
+			Probe: func(from, to Endpoint, _ *Topology) probes.Spec {
+				return probes.Spec{Kind: probes.KindSpoofUDP, Target: to.Addr.String(), Port: DecoyUDP,
+					Spoof: &probes.SpoofSpec{SrcIP: from.Box.IPv4.String(), TimestampOption: true}}
+			}, Controls: []Control{inetTCP}, Holds: any1(LayerWall, LayerHostGuard)},
+		// From outside (the decoy's LAN side, routed by the host), the box subnet answers
+		// nothing: not even the gateway's address, which the host would answer from — out of
+		// the LAN side with the box subnet as its source.
+		{Key: "ctl/decoy-host-tcp", Claim: ClaimControl, Kind: "decoy", ID: "ctl/decoy>{to}/tcp", From: FromDecoy, To: ToDecoyHostSide,
+			Expect: Open, Probe: func(_, to Endpoint, t *Topology) probes.Spec { return tcp(to.Addr, t.HostTCP) }},
+		{Key: "lan-gateway/tcp", Claim: ClaimNAT, Kind: "tcp", ID: "lan-gateway/decoy>{to}/tcp", From: FromDecoy, To: ToGatewayAddr,
+			Expect: Dropped, Probe: toHostTCP,
+			Controls: []Control{{"ctl/decoy-host-tcp", EndSource, EndHost}, hostListener("tcp")}, Holds: any1(LayerWall, LayerHostGuard)},
 		{Key: "window/nat", Claim: ClaimNAT, Kind: "flood", ID: "window/{from}>public/nat", From: FromBoxes, To: ToPublic, Expect: NATed,
 			Probe: func(_, to Endpoint, _ *Topology) probes.Spec {
 				return flood(udpTo(DecoyUDP, to.Addr), nil)

@@ -71,6 +71,9 @@ type SpoofSpec struct {
 	// BadChecksum: spoof-udp sends a wrong UDP checksum. Conntrack calls such a packet
 	// invalid, and no NAT chain ever sees an invalid packet: it leaves as it was sent.
 	BadChecksum bool `json:"bad_checksum,omitempty"`
+	// TimestampOption: spoof-udp's IPv4 header carries an empty timestamp option (flag 1):
+	// every router on the way writes in the address it received the packet by.
+	TimestampOption bool `json:"timestamp_option,omitempty"`
 	// VictimIP: arp-spoof claims it (is-at our MAC); mac-spoof also counts
 	// frames to it. VictimMAC: mac-spoof sends from it and counts frames to it.
 	VictimIP  string `json:"victim_ip,omitempty"`

@@ -119,6 +119,19 @@ func ipv4Packet(src, dst netip.Addr, proto uint8, payload []byte) []byte {
 	return append(h, payload...)
 }
 
+// withTimestampOption returns an option-less IPv4 packet with an empty timestamp option
+// (type 68, flag 1: room for one address and one timestamp) added to its header.
+func withTimestampOption(pkt []byte) []byte {
+	opt := []byte{68, 12, 5, 0x01, 0, 0, 0, 0, 0, 0, 0, 0}
+	out := make([]byte, 0, len(pkt)+len(opt))
+	out = append(append(append(out, pkt[:20]...), opt...), pkt[20:]...)
+	out[0] = 0x40 | byte((20+len(opt))/4)
+	binary.BigEndian.PutUint16(out[2:], uint16(len(out)))
+	out[10], out[11] = 0, 0
+	binary.BigEndian.PutUint16(out[10:], checksum(out[:20+len(opt)]))
+	return out
+}
+
 // ipv6Packet is an IPv6 header plus payload.
 func ipv6Packet(src, dst netip.Addr, next uint8, hopLimit uint8, payload []byte) []byte {
 	h := make([]byte, 40)

@@ -146,6 +146,9 @@ func probeSpoofUDP(ctx context.Context, s Spec, r *Result) {
 	if s.Spoof.BadChecksum {
 		pkt[20+6] ^= 0xff // the UDP checksum after the 20-byte IPv4 header (spoof-udp refuses an IPv6 source)
 	}
+	if s.Spoof.TimestampOption {
+		pkt = withTimestampOption(pkt)
+	}
 	to := &unix.SockaddrInet4{Addr: dst.As4()}
 	send := func() error { return unix.Sendto(fd, pkt, 0, to) }
 	match := func(fi frameInfo, _ []byte, _ uint8) bool {

@@ -1,7 +1,10 @@
 package probes
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
@@ -50,5 +53,25 @@ func TestServeLeavesNoGoroutine(t *testing.T) {
 			t.Fatalf("goroutines: %d before, %d after 20 Serve/Close", before, runtime.NumGoroutine())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// withTimestampOption grows the header by the option, keeps the packet's UDP part intact and
+// gives the header a valid checksum.
+func TestWithTimestampOption(t *testing.T) {
+	src, dst := netip.MustParseAddrPort("10.87.0.11:40000"), netip.MustParseAddrPort("198.18.0.10:7002")
+	plain := udpPacket(src, dst, []byte("marker"))
+	pkt := withTimestampOption(plain)
+	if ihl := int(pkt[0]&0x0f) * 4; ihl != 32 || len(pkt) != len(plain)+12 || int(binary.BigEndian.Uint16(pkt[2:])) != len(pkt) {
+		t.Fatalf("header length %d, packet %d bytes (total length field %d), want 32 and %d", ihl, len(pkt), binary.BigEndian.Uint16(pkt[2:]), len(plain)+12)
+	}
+	if pkt[20] != 68 || pkt[21] != 12 || pkt[23]&0x0f != 1 {
+		t.Errorf("option % x, want an empty timestamp option with flag 1", pkt[20:32])
+	}
+	if checksum(pkt[:32]) != 0 {
+		t.Error("the header checksum does not verify")
+	}
+	if !bytes.Equal(pkt[32:], plain[20:]) {
+		t.Error("the UDP part changed")
 	}
 }
