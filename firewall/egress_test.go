@@ -127,23 +127,26 @@ func sendIPFrame(ns netns.NsHandle, ifindex int, dstMAC net.HardwareAddr, pkt []
 	})
 }
 
-// rawRecorder hears every UDP packet delivered to ns (a raw socket gets its copy before UDP
-// checks the checksum) and remembers the source of each token.
+// rawRecorder hears every packet of one protocol delivered to ns (a raw socket gets its copy
+// before UDP checks the checksum) and finds tokens anywhere in them.
 type rawRecorder struct {
-	mu     sync.Mutex
-	seen   map[string]string
-	header map[string][]byte // the IPv4 header each token arrived with
+	mu   sync.Mutex
+	pkts [][]byte
 }
 
 func rawUDPRecorder(t *testing.T, ns netns.NsHandle) *rawRecorder {
+	return rawRecorderFor(t, ns, unix.IPPROTO_UDP)
+}
+
+func rawRecorderFor(t *testing.T, ns netns.NsHandle, proto int) *rawRecorder {
 	t.Helper()
-	r := &rawRecorder{seen: map[string]string{}, header: map[string][]byte{}}
+	r := &rawRecorder{}
 	var fd int
 	must(t, inNS(ns, func() (err error) {
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
 		return err
 	}))
-	f := os.NewFile(uintptr(fd), "raw-udp")
+	f := os.NewFile(uintptr(fd), "raw")
 	t.Cleanup(func() { f.Close() })
 	go func() {
 		buf := make([]byte, 65536)
@@ -152,29 +155,35 @@ func rawUDPRecorder(t *testing.T, ns netns.NsHandle) *rawRecorder {
 			if err != nil {
 				return
 			}
-			ihl := int(buf[0]&0x0f) * 4
-			if n < ihl+8 || ihl < 20 {
-				continue
+			if n >= 20 {
+				r.mu.Lock()
+				r.pkts = append(r.pkts, append([]byte(nil), buf[:n]...))
+				r.mu.Unlock()
 			}
-			src := net.IP(buf[12:16]).String()
-			r.mu.Lock()
-			r.seen[string(buf[ihl+8:n])] = src
-			r.header[string(buf[ihl+8:n])] = append([]byte(nil), buf[:ihl]...)
-			r.mu.Unlock()
 		}
 	}()
 	return r
 }
 
-// wait returns the source the token came from, or dropped after a second.
-func (r *rawRecorder) wait(tok string) string {
+// packet returns the packet that carried the token, waiting up to a second.
+func (r *rawRecorder) packet(tok string) []byte {
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		r.mu.Lock()
-		src, ok := r.seen[tok]
-		r.mu.Unlock()
-		if ok {
-			return src
+		for _, p := range r.pkts {
+			if bytes.Contains(p, []byte(tok)) {
+				r.mu.Unlock()
+				return p
+			}
 		}
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// wait returns the source the token came from, or dropped.
+func (r *rawRecorder) wait(tok string) string {
+	if p := r.packet(tok); p != nil {
+		return net.IP(p[12:16]).String()
 	}
 	return dropped
 }
@@ -195,9 +204,9 @@ func TestIPOptionsNeverLeave(t *testing.T) {
 			return "check-failed: " + err.Error()
 		}
 		got := rec.wait(tok)
-		rec.mu.Lock()
-		last = rec.header[tok]
-		rec.mu.Unlock()
+		if p := rec.packet(tok); p != nil {
+			last = p[:int(p[0]&0x0f)*4]
+		}
 		return got
 	}
 	s := l.spec().Resolved()
@@ -261,4 +270,73 @@ func udpWithTimestampOption(src, dst string, sport, dport uint16, payload string
 	binary.BigEndian.PutUint16(pkt[ihl+4:], uint16(8+len(payload))) // checksum 0: none
 	copy(pkt[ihl+8:], payload)
 	return pkt
+}
+
+// TestRelatedErrorsNeverLeaveUnNATed: an ICMP error a box makes about one of the host's own
+// flows is related to that flow, which has no source NAT, so no masquerade rewrites it. With
+// neither layer it reaches the far side from the box's own address; the wall's related drop
+// alone and the guard's egress drop alone each keep it in.
+func TestRelatedErrorsNeverLeaveUnNATed(t *testing.T) {
+	t.Parallel()
+	l := newWallLab(t)
+	rec := rawRecorderFor(t, l.wan, unix.IPPROTO_ICMP)
+	listenUDP(t, l.wan, hostPort(wlPublic, 7200))
+	s := l.spec().Resolved()
+	send := func() string {
+		// The host's own flow: wlUp:port → wlPublic:7200.
+		var c net.Conn
+		must(t, inNS(l.host, func() (err error) { c, err = net.Dial("udp4", hostPort(wlPublic, 7200)); return }))
+		defer c.Close()
+		if _, err := c.Write([]byte("host flow")); err != nil {
+			return "check-failed: " + err.Error()
+		}
+		hostPortNum := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+		tok := token("related")
+		pkt := icmpPortUnreachable(wlBox, wlPublic, wlPublic, wlUp, 7200, hostPortNum, tok)
+		if err := sendIPFrame(l.box, l.boxIf, l.gwMAC, pkt); err != nil {
+			return "check-failed: " + err.Error()
+		}
+		return rec.wait(tok)
+	}
+	l.noWall(t)
+	must(t, RemovePart(s, PartGuard))
+	if got := send(); got != wlBox {
+		t.Fatalf("control, no wall and no guard: the far side heard %q, want the box's own %s", got, wlBox)
+	}
+	l.applyWall(t)
+	if got := send(); got != dropped {
+		t.Errorf("the wall alone: heard %q, want %s", got, dropped)
+	}
+	l.applyWall(t, wFwdRelatedRaw)
+	if got := send(); got != wlBox {
+		t.Errorf("hole, the wall without its related drop: heard %q, want the box's own %s (its masquerade never sees a related packet)", got, wlBox)
+	}
+	guardEgress(t, l, s)
+	if got := send(); got != dropped {
+		t.Errorf("the wall without its related drop, the guard's egress beside it: heard %q, want %s", got, dropped)
+	}
+}
+
+// icmpPortUnreachable is an ICMP port unreachable from src to dst about a UDP datagram
+// innerSrc:sport → innerDst:dport, the token after its header.
+func icmpPortUnreachable(src, dst, innerSrc, innerDst string, sport, dport uint16, tok string) []byte {
+	inner := make([]byte, 28+len(tok))
+	inner[0], inner[8], inner[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(inner[2:], uint16(len(inner)))
+	copy(inner[12:16], net.ParseIP(innerSrc).To4())
+	copy(inner[16:20], net.ParseIP(innerDst).To4())
+	binary.BigEndian.PutUint16(inner[10:], checksum(inner[:20]))
+	binary.BigEndian.PutUint16(inner[20:], sport)
+	binary.BigEndian.PutUint16(inner[22:], dport)
+	binary.BigEndian.PutUint16(inner[24:], uint16(8+len(tok)))
+	copy(inner[28:], tok)
+	icmp := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, inner...)
+	binary.BigEndian.PutUint16(icmp[2:], checksum(icmp))
+	pkt := make([]byte, 20, 20+len(icmp))
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, unix.IPPROTO_ICMP
+	binary.BigEndian.PutUint16(pkt[2:], uint16(20+len(icmp)))
+	copy(pkt[12:16], net.ParseIP(src).To4())
+	copy(pkt[16:20], net.ParseIP(dst).To4())
+	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20]))
+	return append(pkt, icmp...)
 }

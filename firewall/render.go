@@ -106,6 +106,7 @@ const (
 	kindIPv4
 	kindPort
 	kindCtState
+	kindCtStatus
 	kindEthertype
 	kindAddrType
 	kindMAC
@@ -330,6 +331,8 @@ func (r *renderer) ct(b []byte) bool {
 	switch {
 	case expr.CtKey(key) == expr.CtKeySTATE && m[unix.NFTA_CT_DIRECTION] == nil:
 		v.label, v.kind, v.width = "ct state", kindCtState, 4
+	case expr.CtKey(key) == expr.CtKeySTATUS && m[unix.NFTA_CT_DIRECTION] == nil:
+		v.label, v.kind, v.width = "ct status", kindCtStatus, 4
 	default:
 		v.label = fmt.Sprintf("ct key#%d", key)
 		if d := m[unix.NFTA_CT_DIRECTION]; d != nil {
@@ -415,6 +418,15 @@ func (r *renderer) cmp(b []byte) bool {
 		// `ct state a,b` is (state & mask) != 0; anything else is shown raw.
 		if v.kind == kindCtState && expr.CmpOp(op) == expr.CmpOpNeq && isZero(data) && isZero(v.xor) && len(v.mask) == 4 {
 			r.tokens = append(r.tokens, "ct state "+ctStates(binaryutil.NativeEndian.Uint32(v.mask)))
+			return true
+		}
+		// `ct status & 0x10 == 0x0`: host-endian bits, as nft reads the number.
+		if v.kind == kindCtStatus && isZero(v.xor) && len(v.mask) == 4 && len(data) == 4 &&
+			(expr.CmpOp(op) == expr.CmpOpEq || expr.CmpOp(op) == expr.CmpOpNeq) {
+			if expr.CmpOp(op) == expr.CmpOpEq {
+				opStr = "== "
+			}
+			r.tokens = append(r.tokens, fmt.Sprintf("ct status & 0x%x %s0x%x", binaryutil.NativeEndian.Uint32(v.mask), opStr, binaryutil.NativeEndian.Uint32(data)))
 			return true
 		}
 		// `ip daddr [!=] a.b.c.d/n` for a prefix that is not byte-aligned.

@@ -247,6 +247,7 @@ func wallGolden(blocked []string, uplinks []string) string {
 		w + `forward: oifname "claudenet" meta nfproto ipv6 drop`,
 		w + `forward: iifname "claudenet" meta nfproto ipv4 ip saddr != 10.77.12.0/24 drop`,
 		w + `forward: iifname "claudenet" ct state invalid,untracked drop`,
+		w + `forward: iifname "claudenet" ct state related ct status & 0x10 == 0x0 drop`,
 		w + `forward: iifname "claudenet" meta nfproto ipv4 @nh,0,8 & 0x0f != 0x05 drop`,
 	}
 	for _, b := range blocked {

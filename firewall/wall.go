@@ -294,6 +294,7 @@ const (
 	wFwdSpoof      = "fwd-spoof"
 	wFwdInvalid    = "fwd-invalid"
 	wFwdIPOptions  = "fwd-ip-options"
+	wFwdRelatedRaw = "fwd-related-unnatted"
 	wFwdBlockedDst = "fwd-blocked-daddr"
 	wFwdBlockedSrc = "fwd-blocked-saddr"
 	wFwdNewIn      = "fwd-new-in"
@@ -375,6 +376,11 @@ func wallRules(s Spec) []Rule {
 		// mix no state allows) or untracked: forwarded, it would leave with the box's address.
 		mk(ForwardChain, wFwdInvalid, "nothing conntrack calls invalid or untracked is forwarded from a box (no NAT chain sees it: it would leave un-NATed)",
 			inB, ctStateIn(expr.CtStateBitINVALID|expr.CtStateBitUNTRACKED), drop),
+		// An ICMP error a box makes about one of the host's own flows is related to that
+		// flow, which has no source NAT: no masquerade rewrites it, so it would leave with
+		// the box's address. A box's errors about its own flows (NATed) still pass.
+		mk(ForwardChain, wFwdRelatedRaw, "nothing related to a flow without source NAT is forwarded from a box (an ICMP error about the host's own flow would leave un-NATed)",
+			inB, ctStateIn(expr.CtStateBitRELATED), ctStatusClear(natSrcBit), drop),
 		// A router fills some IPv4 options with its own address (timestamp, flag 1: the
 		// address of the interface it came in by — the gateway's): none leaves the host.
 		mk(ForwardChain, wFwdIPOptions, "nothing with IPv4 options is forwarded from a box (a timestamp option would carry the gateway's address out)",
@@ -457,6 +463,19 @@ func fibDaddrType(t uint32) []expr.Any {
 
 // ctStateNew is `ct state new`.
 func ctStateNew() []expr.Any { return ctStateIn(expr.CtStateBitNEW) }
+
+// natSrcBit is IPS_SRC_NAT: the flow's source is rewritten (a masquerade or SNAT applies).
+const natSrcBit = 1 << 4
+
+// ctStatusClear is `ct status & bit == 0`.
+func ctStatusClear(bit uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)},
+	}
+}
 
 // ipOptions is `ip hdrlength != 5`: the IPv4 header carries options.
 func ipOptions() []expr.Any {
