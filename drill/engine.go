@@ -78,6 +78,7 @@ type engine struct {
 	hostNames  []string
 	hostAddrs  []netip.Addr
 	peers      []Endpoint // the other cluster members' API addresses (cluster.go)
+	hostFlow   *hostFlow  // the host's own live UDP flow to the public decoy (nat.go)
 	netBefore  *incus.Network
 	forwarder  string
 	windowGen  int  // how many re-apply windows this run made
@@ -371,6 +372,9 @@ func (e *engine) runAll(ctx context.Context, rep *Report) error {
 func (e *engine) topology() *Topology {
 	t := &Topology{Boxes: e.boxes, Gateway: e.gateway, Domain: e.domain, HostAddrs: e.hostAddrs, HostNames: e.hostNames,
 		HostTCP: e.hostTCP, HostUDP: e.hostUDP, Exposure: e.exposure, ExposedBox: e.exposedBox, Peers: e.peers}
+	if e.hostFlow != nil {
+		t.HostFlow = e.hostFlow.local
+	}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
@@ -492,6 +496,9 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	e.hostL = ls
 	e.hostTCP = ls.TCPAddrs[0].(*net.TCPAddr).Port
 	e.hostUDP = ls.UDPAddrs[0].(*net.UDPAddr).Port
+	if e.hostFlow, err = startHostFlow(d.Public); err != nil {
+		return err
+	}
 	e.progress("  announce: the wall lets box egress leave by %s too during the run (the public decoy's side; %s on %s, removed afterwards)", d.Uplink.HostVeth, boxcore.UplinksKey, e.o.Stack.Network)
 	e.admitted = true
 	if err := e.host.SetAdmittedUplinks(ctx, []string{d.Uplink.HostVeth}); err != nil {
@@ -559,6 +566,9 @@ func (e *engine) teardown(ctx context.Context) error {
 	}
 	if e.hostL != nil {
 		_ = e.hostL.Close()
+	}
+	if e.hostFlow != nil {
+		e.hostFlow.stop()
 	}
 	if e.decoy != nil {
 		e.decoy.Down()

@@ -109,6 +109,8 @@ type Topology struct {
 	// Peers are the other members of the Incus cluster this host is a member of, each at its
 	// cluster address and API port (none on a standalone host: no cluster rows).
 	Peers []Endpoint
+	// HostFlow is the host's end of its own live UDP flow to the public decoy (invalid: none).
+	HostFlow netip.AddrPort
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.

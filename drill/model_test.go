@@ -94,7 +94,7 @@ func TestEveryRowPlans(t *testing.T) {
 		"nested/box-host/gateway-tcp": 1, "nested/box-host/gateway-udp": 1, "nested/box-host/addr-tcp": 1, "nested/box-host/addr-udp": 1,
 		"nested/lan/tcp": 1, "nested/lan/udp": 1, "nested/lan/icmp": 1, "nested/cgnat/tcp": 3, "nested/cgnat/udp": 2, "nested/cgnat/icmp": 2,
 		"nested/other-net/tcp": 1, "nested/other-net/udp": 1, "nested/uplink-net/tcp": 1, "nested/uplink-net/udp": 1, "nested/resolver/servers.bind": 1,
-		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2, "nat/udp": 3, "nat/invalid": 3, "nat/ip-options": 3, "ctl/decoy-host-tcp": 1, "lan-gateway/tcp": 1, "window/nat": 3,
+		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2, "nat/udp": 3, "nat/invalid": 3, "nat/ip-options": 3, "nat/related-error": 3, "ctl/decoy-host-tcp": 1, "lan-gateway/tcp": 1, "window/nat": 3,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
 	}
 	got := byRow(plan(t))

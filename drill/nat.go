@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -33,6 +34,15 @@ var (
 			Probe: func(from, to Endpoint, _ *Topology) probes.Spec {
 				return probes.Spec{Kind: probes.KindSpoofUDP, Target: to.Addr.String(), Port: DecoyUDP,
 					Spoof: &probes.SpoofSpec{SrcIP: from.Box.IPv4.String(), BadChecksum: true}}
+			}, Controls: []Control{inetTCP}, Holds: any1(LayerWall, LayerHostGuard)},
+		// An ICMP error a box makes about one of the host's own flows (here the host's live
+		// UDP flow to the public decoy) is related to a flow without source NAT: no
+		// masquerade rewrites it. Found by the attacker; the firewall lab proves the path.
+		{Key: "nat/related-error", Claim: ClaimNAT, Kind: "spoof", ID: "nat/{from}/related-error", From: FromBoxes, To: ToPublic, Expect: Dropped,
+			Probe: func(from, to Endpoint, t *Topology) probes.Spec {
+				return probes.Spec{Kind: probes.KindSpoofUDP, Target: to.Addr.String(), Port: DecoyUDP,
+					Spoof: &probes.SpoofSpec{SrcIP: from.Box.IPv4.String(),
+						ErrorAbout: netip.AddrPortFrom(to.Addr, DecoyUDP).String() + ">" + t.HostFlow.String()}}
 			}, Controls: []Control{inetTCP}, Holds: any1(LayerWall, LayerHostGuard)},
 		// A router writes the address a packet came in by into an IPv4 timestamp option
 		// (flag 1): the gateway's, past any NAT. Nothing with options leaves from a box.
@@ -107,4 +117,38 @@ func peerIP(h probes.Hit) (netip.Addr, bool) {
 	}
 	a, err := netip.ParseAddr(s)
 	return a.Unmap(), err == nil
+}
+
+// hostFlow is a UDP flow of the host's own to the public decoy, kept alive (a datagram every
+// half second) so that conntrack holds it for the whole run.
+type hostFlow struct {
+	conn  *net.UDPConn
+	local netip.AddrPort
+	done  chan struct{}
+}
+
+func startHostFlow(public netip.Addr) (*hostFlow, error) {
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(public, DecoyUDP)))
+	if err != nil {
+		return nil, fmt.Errorf("the host's own flow to the public decoy: %w", err)
+	}
+	f := &hostFlow{conn: c, local: c.LocalAddr().(*net.UDPAddr).AddrPort(), done: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			_, _ = c.Write([]byte("claudebox-drill host flow"))
+			select {
+			case <-f.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return f, nil
+}
+
+func (f *hostFlow) stop() {
+	close(f.done)
+	_ = f.conn.Close()
 }

@@ -74,6 +74,10 @@ type SpoofSpec struct {
 	// TimestampOption: spoof-udp's IPv4 header carries an empty timestamp option (flag 1):
 	// every router on the way writes in the address it received the packet by.
 	TimestampOption bool `json:"timestamp_option,omitempty"`
+	// ErrorAbout: spoof-udp sends, instead of a datagram, an ICMP port unreachable about the
+	// UDP flow it names ("SRC:PORT>DST:PORT", as the flow's peer would have sent it), the
+	// marker after the quoted header.
+	ErrorAbout string `json:"error_about,omitempty"`
 	// VictimIP: arp-spoof claims it (is-at our MAC); mac-spoof also counts
 	// frames to it. VictimMAC: mac-spoof sends from it and counts frames to it.
 	VictimIP  string `json:"victim_ip,omitempty"`

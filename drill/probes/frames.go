@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -130,6 +131,21 @@ func withTimestampOption(pkt []byte) []byte {
 	out[10], out[11] = 0, 0
 	binary.BigEndian.PutUint16(out[10:], checksum(out[:20+len(opt)]))
 	return out
+}
+
+// icmpErrorAbout is an ICMP port unreachable from src to dst quoting the UDP datagram of the
+// flow "SRC:PORT>DST:PORT" (the quoted header, then the marker).
+func icmpErrorAbout(src, dst netip.Addr, flow string, marker []byte) ([]byte, error) {
+	a, b, ok := strings.Cut(flow, ">")
+	in, err1 := netip.ParseAddrPort(a)
+	out, err2 := netip.ParseAddrPort(b)
+	if !ok || err1 != nil || err2 != nil || !in.Addr().Is4() || !out.Addr().Is4() {
+		return nil, fmt.Errorf("error_about %q: want IPv4 SRC:PORT>DST:PORT", flow)
+	}
+	quoted := udpPacket(in, out, marker)
+	icmp := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, quoted...)
+	binary.BigEndian.PutUint16(icmp[2:], checksum(icmp))
+	return ipv4Packet(src, dst, 1, icmp), nil
 }
 
 // ipv6Packet is an IPv6 header plus payload.

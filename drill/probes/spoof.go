@@ -149,6 +149,12 @@ func probeSpoofUDP(ctx context.Context, s Spec, r *Result) {
 	if s.Spoof.TimestampOption {
 		pkt = withTimestampOption(pkt)
 	}
+	if s.Spoof.ErrorAbout != "" {
+		if pkt, err = icmpErrorAbout(src, dst, s.Spoof.ErrorAbout, marker); err != nil {
+			r.Outcome, r.Evidence = CheckFailed, err.Error()
+			return
+		}
+	}
 	to := &unix.SockaddrInet4{Addr: dst.As4()}
 	send := func() error { return unix.Sendto(fd, pkt, 0, to) }
 	match := func(fi frameInfo, _ []byte, _ uint8) bool {
