@@ -52,7 +52,10 @@
 // still has a box-subnet source and leaves by any interface but B (and lo)
 // is dropped. Incus's masquerade and the wall's own NAT it; this is the
 // layer that holds when both are gone (ipv4.nat=false during Incus's
-// re-apply window, the wall removed).
+// re-apply window, the wall removed), and the second one beside the wall
+// for what no masquerade rewrites (invalid packets, a box's ICMP error about
+// one of the host's own flows). The chain also drops a box's packet that
+// carries IPv4 options (a router writes its own address into some).
 //
 // ICMP to the host (echo to the gateway included) is dropped: the contract is
 // "box→host dropped", boxes need no ping to the gateway, and ICMP errors about

@@ -32,6 +32,13 @@ package firewall
 // independent layer outside nftables is rp_filter=1 on every bound port (see
 // rpfilter.go).
 //
+// What no masquerade rewrites never leaves from a box: the forward chain
+// drops invalid and untracked packets, packets related to a flow without
+// source NAT (a box's ICMP error about one of the host's own flows) and
+// packets with IPv4 options; the prerouting chain drops what arrives
+// elsewhere than the bridge addressed to the box subnet (before NAT is
+// undone, so replies to boxes, still addressed to the host, pass).
+//
 // Blocked ranges and uplinks are per-prefix and per-name rules, not sets, so
 // the one renderer covers them and Check stays string equality.
 
