@@ -739,6 +739,14 @@ func (t *tailBuffer) String() string {
 // that grows while the box is at its memory limit).
 func probeMemHog(ctx context.Context, rs ResourceSpec, r *Result) {
 	res := r.Resource
+	// After the hog, this runner is the OOM killer's next choice, never the box's init: a
+	// second kill while the dead hog's memory is still being freed then takes the runner,
+	// which the engine runs again, instead of init, which would stop the box (measured: the
+	// resource box stopped that way, and its disk and CPU steps had no box left).
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("900"), 0); err != nil {
+		r.Outcome, r.Evidence = CheckFailed, "oom_score_adj: "+err.Error()
+		return
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		r.Outcome, r.Evidence = CheckFailed, "pipe: "+err.Error()
