@@ -469,13 +469,17 @@ func TestNATSeen(t *testing.T) {
 	}
 	ctl := &Row{Case: Case{ID: "c", Expected: Open}, Observed: Open}
 	natted, unnatted, unheard, old := row("n", "m-1", "c"), row("u", "m-2", "c"), row("x", "m-3", "c"), row("o", "m-4", "c")
+	frameNATed, frameUnNATed := row("fn", "m-5", "c"), row("fu", "m-6", "c")
 	hits := []probes.Hit{
 		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "198.18.0.249:40001", Payload: "m-1"},
 		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "198.18.0.249:40002", Payload: "m-2"},
 		{Time: since.Add(time.Millisecond), Proto: "udp", Peer: "10.87.0.23:40003", Payload: "m-2"},
 		{Time: since.Add(-time.Second), Proto: "udp", Peer: "10.87.0.23:40004", Payload: "m-4"}, // an earlier matrix's
+		// What the decoy's capture heard (a packet no socket accepts): "MAC IP".
+		{Time: since.Add(time.Millisecond), Proto: "frame", Peer: "0a:1b:2c:3d:4e:5f 198.18.0.249", Payload: "m-5"},
+		{Time: since.Add(time.Millisecond), Proto: "frame", Peer: "0a:1b:2c:3d:4e:5f 10.87.0.23", Payload: "m-6"},
 	}
-	rows := []*Row{ctl, natted, unnatted, unheard, old}
+	rows := []*Row{ctl, natted, unnatted, unheard, old, frameNATed, frameUnNATed}
 	natSeen(rows, hits, boxNet, since)
 	heard(rows, map[string][]probes.Hit{"decoy": hits}, since)
 	Judge(rows)
@@ -483,7 +487,8 @@ func TestNATSeen(t *testing.T) {
 		r        *Row
 		observed Outcome
 		verdict  Verdict
-	}{{natted, NATed, Pass}, {unnatted, UnNATed, Fail}, {unheard, CheckFailed, NoCheck}, {old, CheckFailed, NoCheck}} {
+	}{{natted, NATed, Pass}, {unnatted, UnNATed, Fail}, {unheard, CheckFailed, NoCheck}, {old, CheckFailed, NoCheck},
+		{frameNATed, NATed, Pass}, {frameUnNATed, UnNATed, Fail}} {
 		if c.r.Observed != c.observed || c.r.Verdict != c.verdict {
 			t.Errorf("%s: observed %s verdict %s, want %s %s (%s)", c.r.ID, c.r.Observed, c.r.Verdict, c.observed, c.verdict, c.r.Why)
 		}
