@@ -267,9 +267,12 @@ func (h *Host) BindPorts(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return ErrBindNeedsRoot
 	}
-	// One read-then-apply at a time on this host: two boxes starting at once must not have
-	// the later apply carry the earlier (staler) read and unbind the other's port.
-	unlock, err := lockFile(ctx, perDaemon(bindLockPath), HostLockWait)
+	// One read-then-apply at a time per stack: two boxes starting at once must not have the
+	// later apply carry the earlier (staler) read and unbind the other's port. Everything it
+	// applies is the stack's own (its bridge's tables, ports, pins, subnet), so other stacks
+	// (parallel test stacks) bind undisturbed: one lock for all of them made a bind wait
+	// behind theirs, and under load past HostLockWait (a purged CI run, twice).
+	unlock, err := lockFile(ctx, bindLockPath(h.Stack.Network), HostLockWait)
 	if err != nil {
 		return err
 	}
@@ -359,7 +362,10 @@ func (st *StackState) boxIPv4(box string) netip.Addr {
 	return netip.Addr{}
 }
 
-const bindLockPath = "/run/claudebox-bind.lock"
+// bindLockPath is the lock BindPorts holds for network on this daemon.
+func bindLockPath(network string) string {
+	return perDaemon("/run/claudebox-bind-" + network + ".lock")
+}
 
 // Reverse-path filtering on the box ports (the port-rp-filter layer). A frame a box sends to a
 // link-local group MAC (01:80:c2:00:00:0X) reaches the host's IP stack on the box's port itself,
