@@ -250,7 +250,7 @@ func TestClusterStack(t *testing.T) {
 	for i, m := range members {
 		out, err := run(i, "drill", "--target", m.Name, "--record", t.TempDir()+"/RUNS.md")
 		if err != nil || !strings.Contains(out, "PASS: every claim holds") || !strings.Contains(out, "cluster member: "+m.Name) {
-			t.Errorf("drill on %s: %v\n%s", m.Name, err, tailLines(out, 40))
+			t.Errorf("drill on %s: %v\nrows not passed:\n%s\n%s", m.Name, err, notPassed(out), tailLines(out, 40))
 		}
 	}
 	// The rows aimed at the other members can fail: on the first member each of their
@@ -290,6 +290,19 @@ func TestClusterStack(t *testing.T) {
 	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run it on "+members[1].Name) {
 		t.Errorf("drill --target m2 on m1: %v, want exit 2 and to be told where to run it\n%s", err, out)
 	}
+}
+
+// notPassed is the drill table's rows whose verdict is not pass (FAIL or check-failed), with
+// their why: what a tail of the output does not show.
+func notPassed(out string) string {
+	var rows []string
+	for _, l := range strings.Split(out, "\n") {
+		if (strings.Contains(l, "check-failed") || strings.Contains(l, " FAIL ")) && !strings.HasPrefix(l, "FAIL:") &&
+			!strings.HasPrefix(l, "marks:") {
+			rows = append(rows, l)
+		}
+	}
+	return strings.Join(rows, "\n")
 }
 
 // tailLines is the last n lines of s.
