@@ -87,16 +87,7 @@ func TestWallDropsInvalid(t *testing.T) {
 
 // udpBadChecksum is an IPv4 UDP packet whose UDP checksum is wrong on purpose.
 func udpBadChecksum(src, dst string, sport, dport uint16, payload string) []byte {
-	pkt := make([]byte, 28+len(payload))
-	pkt[0], pkt[8], pkt[9] = 0x45, 64, unix.IPPROTO_UDP
-	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
-	copy(pkt[12:16], net.ParseIP(src).To4())
-	copy(pkt[16:20], net.ParseIP(dst).To4())
-	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20]))
-	binary.BigEndian.PutUint16(pkt[20:], sport)
-	binary.BigEndian.PutUint16(pkt[22:], dport)
-	binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload)))
-	copy(pkt[28:], payload)
+	pkt := udpPacket4(src, dst, sport, dport, payload)
 	cs := checksum(append(udpPseudo(pkt), pkt[20:]...))
 	binary.BigEndian.PutUint16(pkt[26:], ^cs) // never the right one (and never 0: "no checksum")
 	if ^cs == 0 || ^cs == cs {
@@ -257,18 +248,12 @@ func guardEgress(t *testing.T, l *wallLab, s Spec) {
 // option (type 68, flag 1: each router records its address and a timestamp).
 func udpWithTimestampOption(src, dst string, sport, dport uint16, payload string) []byte {
 	opt := []byte{68, 12, 5, 0x01, 0, 0, 0, 0, 0, 0, 0, 0} // room for one address and one timestamp
-	const ihl = 20 + 12
-	pkt := make([]byte, ihl+8+len(payload))
-	pkt[0], pkt[8], pkt[9] = 0x40|ihl/4, 64, unix.IPPROTO_UDP
+	plain := udpPacket4(src, dst, sport, dport, payload)
+	pkt := append(append(append([]byte{}, plain[:20]...), opt...), plain[20:]...)
+	pkt[0] = 0x40 | byte((20+len(opt))/4)
 	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
-	copy(pkt[12:16], net.ParseIP(src).To4())
-	copy(pkt[16:20], net.ParseIP(dst).To4())
-	copy(pkt[20:], opt)
-	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:ihl]))
-	binary.BigEndian.PutUint16(pkt[ihl:], sport)
-	binary.BigEndian.PutUint16(pkt[ihl+2:], dport)
-	binary.BigEndian.PutUint16(pkt[ihl+4:], uint16(8+len(payload))) // checksum 0: none
-	copy(pkt[ihl+8:], payload)
+	pkt[10], pkt[11] = 0, 0
+	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20+len(opt)]))
 	return pkt
 }
 
@@ -320,16 +305,7 @@ func TestRelatedErrorsNeverLeaveUnNATed(t *testing.T) {
 // icmpPortUnreachable is an ICMP port unreachable from src to dst about a UDP datagram
 // innerSrc:sport → innerDst:dport, the token after its header.
 func icmpPortUnreachable(src, dst, innerSrc, innerDst string, sport, dport uint16, tok string) []byte {
-	inner := make([]byte, 28+len(tok))
-	inner[0], inner[8], inner[9] = 0x45, 64, unix.IPPROTO_UDP
-	binary.BigEndian.PutUint16(inner[2:], uint16(len(inner)))
-	copy(inner[12:16], net.ParseIP(innerSrc).To4())
-	copy(inner[16:20], net.ParseIP(innerDst).To4())
-	binary.BigEndian.PutUint16(inner[10:], checksum(inner[:20]))
-	binary.BigEndian.PutUint16(inner[20:], sport)
-	binary.BigEndian.PutUint16(inner[22:], dport)
-	binary.BigEndian.PutUint16(inner[24:], uint16(8+len(tok)))
-	copy(inner[28:], tok)
+	inner := udpPacket4(innerSrc, innerDst, sport, dport, tok)
 	icmp := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, inner...)
 	binary.BigEndian.PutUint16(icmp[2:], checksum(icmp))
 	pkt := make([]byte, 20, 20+len(icmp))

@@ -475,14 +475,7 @@ func ctStateNew() []expr.Any { return ctStateIn(expr.CtStateBitNEW) }
 const natSrcBit = 1 << 4
 
 // ctStatusClear is `ct status & bit == 0`.
-func ctStatusClear(bit uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)},
-	}
-}
+func ctStatusClear(bit uint32) []expr.Any { return ctBits(expr.CtKeySTATUS, bit, expr.CmpOpEq) }
 
 // ipOptions is `ip hdrlength != 5`: the IPv4 header carries options.
 func ipOptions() []expr.Any {
@@ -490,11 +483,14 @@ func ipOptions() []expr.Any {
 }
 
 // ctStateIn is `ct state S1,S2,...`: any of the state bits.
-func ctStateIn(bits uint32) []expr.Any {
+func ctStateIn(bits uint32) []expr.Any { return ctBits(expr.CtKeySTATE, bits, expr.CmpOpNeq) }
+
+// ctBits compares `ct <key> & bits` with 0: != for any of them set, == for none.
+func ctBits(key expr.CtKey, bits uint32, op expr.CmpOp) []expr.Any {
 	return []expr.Any{
-		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Ct{Key: key, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
 	}
 }

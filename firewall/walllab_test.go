@@ -343,6 +343,12 @@ func dialProbe(ns netns.NsHandle, network, addr string) string {
 // rawUDP sends an IPv4/UDP packet built by hand out of ifindex (in ns) to
 // dstMAC: any source address, 0.0.0.0 included, as a root attacker can.
 func rawUDP(ns netns.NsHandle, ifindex int, dstMAC net.HardwareAddr, src, dst string, sport, dport uint16, payload string) error {
+	return sendIPFrame(ns, ifindex, dstMAC, udpPacket4(src, dst, sport, dport, payload))
+}
+
+// udpPacket4 is an IPv4/UDP packet from src:sport to dst:dport, with no UDP checksum (0:
+// none, allowed for IPv4).
+func udpPacket4(src, dst string, sport, dport uint16, payload string) []byte {
 	pkt := make([]byte, 28+len(payload))
 	pkt[0], pkt[8], pkt[9] = 0x45, 64, unix.IPPROTO_UDP
 	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
@@ -351,19 +357,9 @@ func rawUDP(ns netns.NsHandle, ifindex int, dstMAC net.HardwareAddr, src, dst st
 	binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20]))
 	binary.BigEndian.PutUint16(pkt[20:], sport)
 	binary.BigEndian.PutUint16(pkt[22:], dport)
-	binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload))) // checksum 0: none (IPv4)
+	binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload)))
 	copy(pkt[28:], payload)
-	return inNS(ns, func() error {
-		proto := int(htons(unix.ETH_P_IP))
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, proto)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifindex, Halen: 6}
-		copy(sa.Addr[:], dstMAC)
-		return unix.Sendto(fd, pkt, 0, sa)
-	})
+	return pkt
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
