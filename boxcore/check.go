@@ -15,12 +15,29 @@ type CheckRow struct {
 	Expected string `json:"expected"`
 	Actual   string `json:"actual"`
 	OK       bool   `json:"ok"`
+	// Member, on a cluster, is the other member whose `host init` repairs this row; "" for
+	// this member's own.
+	Member string `json:"member,omitempty"`
 }
 
 // CheckReport is every reading; OK only when all rows are.
 type CheckReport struct {
 	Rows []CheckRow `json:"rows"`
 	OK   bool       `json:"ok"`
+}
+
+// RepairOn splits the drift by where `host init` repairs it: here (this member, or a
+// standalone host) and the other members, sorted.
+func (r CheckReport) RepairOn() (here bool, members []string) {
+	for _, row := range r.Drift() {
+		if row.Member == "" {
+			here = true
+		} else if !slices.Contains(members, row.Member) {
+			members = append(members, row.Member)
+		}
+	}
+	slices.Sort(members)
+	return here, members
 }
 
 // Drift lists the rows that do not match.
@@ -37,12 +54,18 @@ func (r CheckReport) Drift() []CheckRow {
 type checker struct{ rows []CheckRow }
 
 func (c *checker) add(layer, item, expected, actual string) {
-	c.rows = append(c.rows, CheckRow{layer, item, expected, actual, expected == actual})
+	c.rows = append(c.rows, CheckRow{Layer: layer, Item: item, Expected: expected, Actual: actual, OK: expected == actual})
+}
+
+// addOn is add for a row that member's own `host init` repairs.
+func (c *checker) addOn(member, layer, item, expected, actual string) {
+	c.add(layer, item, expected, actual)
+	c.rows[len(c.rows)-1].Member = member
 }
 
 // note records a reading that is information, not a requirement.
 func (c *checker) note(layer, item, actual string) {
-	c.rows = append(c.rows, CheckRow{layer, item, "-", actual, true})
+	c.rows = append(c.rows, CheckRow{Layer: layer, Item: item, Expected: "-", Actual: actual, OK: true})
 }
 
 // Check reads back every piece of the stack, from Incus and from the kernel, against what
@@ -69,7 +92,7 @@ func (h *Host) Check(ctx context.Context) (CheckReport, error) {
 	}
 	h.checkUnit(c)
 	h.checkPool(ctx, c)
-	if err := h.checkCluster(ctx, c); err != nil {
+	if err := h.checkCluster(ctx, c, st); err != nil {
 		return CheckReport{}, err
 	}
 	r := CheckReport{Rows: c.rows, OK: true}
@@ -96,6 +119,9 @@ func (c *checker) network(st *StackState) {
 			c.add("network", s.Network+" "+k, want[k], cfg[k])
 		}
 	}
+	// init removes every key it does not set (configDiff): what it would remove is drift,
+	// such as bridge.external_interfaces joining the boxes' bridge to another segment.
+	c.add("network", s.Network+" keys claudebox does not set", "none", keyList(foreignKeys(cfg, want)))
 	_, opts := ParseRawDNSMasq(cfg["raw.dnsmasq"])
 	for _, o := range DNSOptions {
 		c.add("network", s.Network+" raw.dnsmasq "+o, "present", presence(slices.Contains(opts, o)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -62,9 +63,14 @@ func removeQuiet(remove func() error) error {
 	return nil
 }
 
-// checkCluster says, on a cluster, whose kernel the readings above are (this member's) and
-// which members' kernels this check cannot read: each runs its own `host check`.
-func (h *Host) checkCluster(ctx context.Context, c *checker) error {
+// checkCluster says, on a cluster, whose kernel the readings above are (this member's), and
+// reads what Incus shows of every other member: the network's keys of that member's own
+// (bridge.external_interfaces joins its bridge to another segment), and that member's bridge
+// as its kernel has it — up, the gateway's address and nothing else (an IPv6 address means
+// IPv6 is on there), and no port but that member's instances'. What only a member's own kernel
+// shows (nftables, sysctls, bindings, FDB pins, the boot unit) is not readable from here: the
+// check says so, member by member.
+func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) error {
 	srv, err := h.Client.Server(ctx)
 	if err != nil || !srv.Clustered {
 		return err
@@ -73,11 +79,108 @@ func (h *Host) checkCluster(ctx context.Context, c *checker) error {
 	if err != nil {
 		return err
 	}
-	c.note("cluster", "member "+srv.ServerName, "this member: the kernel readings above are its own")
+	local := srv.ServerName
+	c.note("cluster", "member "+local, "this member: the kernel readings above are its own")
+	c.add("cluster", "member "+local+": network "+h.Stack.Network+" keys of its own", "none", keyList(st.MemberKeys))
+	if st.Network == nil {
+		return nil
+	}
+	insts, err := h.Client.Instances(ctx, nil, false)
+	if err != nil {
+		return err
+	}
 	for _, m := range members {
-		if m != srv.ServerName {
-			c.note("cluster", "member "+m, "kernel state not readable from "+srv.ServerName+": run 'claudebox host check' on "+m)
+		if m == local {
+			continue
 		}
+		if err := h.checkMember(ctx, c, st, m, insts); err != nil {
+			return err
+		}
+		c.note("cluster", "member "+m+": nftables, sysctls, port bindings, FDB pins, boot unit",
+			"kernel state not readable from "+local+": run 'claudebox host check' on "+m)
+	}
+	return nil
+}
+
+// checkMember is checkCluster's reading of one other member through its daemon.
+func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, member string, insts []incus.Instance) error {
+	n := h.Stack.Network
+	on, _, err := h.Client.NetworkOn(ctx, n, member)
+	if err != nil {
+		return fmt.Errorf("network %s on member %s: %w", n, member, err)
+	}
+	c.addOn(member, "cluster", "member "+member+": network "+n+" keys of its own", "none", keyList(memberOwnKeys(on.Config, st.Network.Config)))
+	bs, err := h.Client.NetworkStateOn(ctx, n, member)
+	if err != nil {
+		c.addOn(member, "cluster", "member "+member+": bridge "+n, "readable through Incus", "unreadable: "+err.Error())
+		return nil
+	}
+	c.addOn(member, "cluster", "member "+member+": bridge "+n+" state", "up", bs.State)
+	want := "none"
+	if st.Gateway != nil {
+		want = st.Gateway.String()
+	}
+	var addrs []string
+	for _, a := range bs.Addresses {
+		addrs = append(addrs, a.Address+"/"+a.Netmask)
+	}
+	c.addOn(member, "cluster", "member "+member+": bridge "+n+" addresses", want, orNone(strings.Join(addrs, ", ")))
+	ports := map[string]bool{}
+	for _, in := range insts {
+		if in.Location != member {
+			continue
+		}
+		for dev, d := range in.ExpandedDevices {
+			if d["type"] == "nic" && d["network"] == n {
+				if p := in.Config["volatile."+dev+".host_name"]; p != "" {
+					ports[p] = true
+				}
+			}
+		}
+	}
+	var foreign []string
+	if bs.Bridge != nil {
+		for _, p := range bs.Bridge.UpperDevices {
+			if !ports[p] {
+				foreign = append(foreign, p)
+			}
+		}
+	}
+	slices.Sort(foreign)
+	c.addOn(member, "cluster", "member "+member+": bridge "+n+" ports that are not its instances'", "none", orNone(strings.Join(foreign, ", ")))
+	return nil
+}
+
+// memberOwnKeys are the keys a member's view of a network (GET ?target=) has beyond the
+// cluster-wide config: that member's own, which claudebox never sets.
+func memberOwnKeys(onMember, global map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range onMember {
+		if g, ok := global[k]; (!ok || g != v) && !keptKey(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// removeMemberKeys drops this member's own keys of the network: the member's view is read
+// and written back whole without them (see incus.UpdateNetworkOn).
+func (h *Host) removeMemberKeys(ctx context.Context, member string) error {
+	n := h.Stack.Network
+	cur, etag, err := h.Client.NetworkOn(ctx, n, member)
+	if err != nil {
+		return err
+	}
+	global, _, err := h.Client.Network(ctx, n)
+	if err != nil {
+		return err
+	}
+	cfg := maps.Clone(cur.Config)
+	for k := range memberOwnKeys(cur.Config, global.Config) {
+		delete(cfg, k)
+	}
+	if err := h.Client.UpdateNetworkOn(ctx, n, member, cfg, cur.Description, etag); err != nil {
+		return fmt.Errorf("removing network %s's keys of member %s: %w", n, member, changed("network "+n, err))
 	}
 	return nil
 }
@@ -130,4 +233,27 @@ func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (str
 		return "", Usagef("%s --target %s: no such cluster member (members: %s)", verb, target, strings.Join(members, ", "))
 	}
 	return "", Usagef("%s --target %s: run it on %s — this is %s, and claudebox works in the kernel of the member it runs on", verb, target, target, local)
+}
+
+// orNone is s, or "none" when it is empty.
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// readMember fills in, on a cluster, which member this daemon is and the network's keys of
+// that member's own (nothing on a standalone daemon).
+func (h *Host) readMember(ctx context.Context, st *StackState) error {
+	member, err := h.localMember(ctx)
+	if err != nil || member == "" || st.Network == nil {
+		return err
+	}
+	on, _, err := h.Client.NetworkOn(ctx, h.Stack.Network, member)
+	if err != nil {
+		return fmt.Errorf("network %s on member %s: %w", h.Stack.Network, member, err)
+	}
+	st.Member, st.MemberKeys = member, memberOwnKeys(on.Config, st.Network.Config)
+	return nil
 }

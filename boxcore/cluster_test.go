@@ -245,6 +245,46 @@ func TestClusterStack(t *testing.T) {
 	}
 	checkAll(-1)
 
+	// Drift on m2 that Incus shows to every member: its bridge joined to another segment
+	// through a key of m2's own (bridge.external_interfaces, a veth in m2's namespace), and
+	// IPv6 on m2's bridge with an address. Every member's check names it on m2 and says that
+	// init on m2 repairs it; m2's own check also reads it in its kernel. init on m2 repairs all.
+	ext := c.Run[len(c.Run)-6:] + "x"
+	if out, err := c.Command(ctx, 1, "ip", "link", "add", "cbt"+ext, "type", "veth", "peer", "name", "cbt"+ext+"p").CombinedOutput(); err != nil {
+		t.Fatalf("veth in m2: %v\n%s", err, out)
+	}
+	if _, err := c.CLI(ctx, 0, "", "network", "set", stack.Network, "bridge.external_interfaces=cbt"+ext, "--target", members[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"sysctl", "-qw", "net.ipv6.conf." + stack.Network + ".disable_ipv6=0"}, {"ip", "-6", "addr", "add", "fd00:cb::1/64", "dev", stack.Network}} {
+		if out, err := c.Command(ctx, 1, args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v in m2: %v\n%s", args, err, out)
+		}
+	}
+	for i, m := range members {
+		out, err := run(i, "host", "check", "--format", "csv")
+		if err == nil {
+			t.Errorf("host check on %s passes with m2's bridge joined to cbt%s and IPv6 on:\n%s", m.Name, ext, out)
+		}
+		want := []string{"member m2: network " + stack.Network + " keys of its own,none,bridge.external_interfaces=cbt" + ext,
+			"member m2: bridge " + stack.Network + " ports that are not its instances',none,cbt" + ext,
+			"fd00:cb::1/64"}
+		if i == 1 {
+			want = []string{"keys of its own,none,bridge.external_interfaces=cbt" + ext, "port isolation,cbt" + ext, "disable_ipv6,1,0"}
+		} else if !strings.Contains(out, "run on m2 repairs them") {
+			t.Errorf("host check on %s does not say init on m2 repairs m2's drift:\n%s", m.Name, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("host check on %s does not show %q:\n%s", m.Name, w, out)
+			}
+		}
+	}
+	if out, err := run(1, "host", "init", "--yes"); err != nil {
+		t.Fatalf("host init on m2 repairing its own keys and IPv6: %v\n%s", err, out)
+	}
+	checkAll(-1)
+
 	// The drill on each member, run there (--target that member): its decoys, layers and
 	// boxes are that member's, every row green. Asked on another member it is refused.
 	for i, m := range members {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
 	"net/netip"
@@ -63,6 +64,7 @@ type InitPlan struct {
 	networkConfig              map[string]string
 	aclEgress                  []ACLRuleSpec
 	networkChanged, aclChanged bool
+	memberKeys                 bool // this member's own network keys go
 	profileChanged             bool
 	firewallDrift              bool
 	bridgeNF                   bool
@@ -179,6 +181,10 @@ func (h *Host) planIncus(p *InitPlan) {
 			p.networkChanged = true
 			p.change("network "+s.Network, "set "+k)
 		}
+		for _, k := range sortedKeys(st.MemberKeys) {
+			p.memberKeys = true
+			p.change("network "+s.Network+" on member "+st.Member, "remove "+k+" (a key of this member's own)")
+		}
 	}
 	wantDevices := ProfileDevices(Stack{Network: s.Network, Pool: p.Pool})
 	if st.Profile == nil {
@@ -255,7 +261,9 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
 	for _, port := range p.unisolated {
-		if err := h.Kernel.SetPortIsolated(port, true); err != nil {
+		// A port read as unisolated may have left the bridge since (an external interface
+		// the network change above detached): nothing of it is left to isolate.
+		if err := h.Kernel.SetPortIsolated(port, true); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("isolating port %s: %w", port, err)
 		}
 	}
@@ -298,6 +306,11 @@ func (h *Host) applyIncus(ctx context.Context, p *InitPlan) error {
 		}
 	} else if p.networkChanged {
 		if err := putNetwork(ctx, h.Client, s.Network, p.networkConfig, st.ETags.Network); err != nil {
+			return err
+		}
+	}
+	if p.memberKeys {
+		if err := h.removeMemberKeys(ctx, st.Member); err != nil {
 			return err
 		}
 	}
@@ -547,6 +560,30 @@ func configDiff(have, want map[string]string) []string {
 		}
 	}
 	return keys
+}
+
+// foreignKeys are the keys of have that want does not set, with their values (volatile.* and
+// user.* are Incus's and the user's own, and kept).
+func foreignKeys(have, want map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range have {
+		if _, ok := want[k]; !ok && !keptKey(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// keyList is "k=v, ..." sorted, or "none".
+func keyList(kv map[string]string) string {
+	if len(kv) == 0 {
+		return "none"
+	}
+	var out []string
+	for _, k := range sortedKeys(kv) {
+		out = append(out, k+"="+kv[k])
+	}
+	return strings.Join(out, ", ")
 }
 
 func devicesEqual(a, b map[string]map[string]string) bool {

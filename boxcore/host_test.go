@@ -178,6 +178,33 @@ func TestHostInitCheckTeardown(t *testing.T) {
 		repairAndCheck(t, h)
 	})
 
+	t.Run("drift: a network key claudebox does not set", func(t *testing.T) {
+		// bridge.external_interfaces would join the boxes' bridge to another segment: any key
+		// init would remove is drift, named with its value.
+		n, _, err := c.Network(ctx, s.Network)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Config["bridge.mtu"] = "1400"
+		if err := c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, ""); err != nil {
+			t.Fatal(err)
+		}
+		r := mustCheck(t, h)
+		want := []string{"network: " + s.Network + " keys claudebox does not set"}
+		if got := driftItems(r); !slices.Equal(got, want) {
+			t.Fatalf("drift = %v, want exactly %v", got, want)
+		}
+		for _, row := range r.Drift() {
+			if row.Actual != "bridge.mtu=1400" {
+				t.Errorf("drift row %+v, want actual bridge.mtu=1400", row)
+			}
+		}
+		repairAndCheck(t, h)
+		if n, _, err := c.Network(ctx, s.Network); err != nil || n.Config["bridge.mtu"] != "" {
+			t.Errorf("after init: bridge.mtu=%q (%v), want it removed", n.Config["bridge.mtu"], err)
+		}
+	})
+
 	t.Run("drift: a lease name learnt while dhcp-ignore-names was off", func(t *testing.T) {
 		n, _, err := c.Network(ctx, s.Network)
 		if err != nil {

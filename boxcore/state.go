@@ -28,6 +28,10 @@ type StackState struct {
 	// ETags are the Incus objects' ETags as read: a write planned from this state carries
 	// them, so it fails (ChangedError) if someone wrote the object in between.
 	ETags ETags
+	// Member is the cluster member this daemon is ("" standalone); MemberKeys the network's
+	// keys of that member's own (GET ?target=), which claudebox never sets.
+	Member     string
+	MemberKeys map[string]string
 	// Others are the other managed Incus networks with an IPv4 subnet: boxes must not reach them.
 	Others []OtherNetwork
 
@@ -110,6 +114,9 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 		return nil, err
 	}
 	if err := h.readBindings(ctx, st); err != nil {
+		return nil, err
+	}
+	if err := h.readMember(ctx, st); err != nil {
 		return nil, err
 	}
 	if st.Network != nil {

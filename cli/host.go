@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"strings"
+
 	"github.com/urfave/cli/v2"
 
 	"github.com/claudebox/claudebox/boxcore"
@@ -130,7 +132,15 @@ func hostCheck(c *Ctx) error {
 	}
 	if !r.OK {
 		n := len(r.Drift())
-		c.Warn("drift: %d item(s) differ; 'claudebox host init' repairs them", n)
+		here, members := r.RepairOn()
+		switch {
+		case len(members) == 0:
+			c.Warn("drift: %d item(s) differ; 'claudebox host init' repairs them", n)
+		case here:
+			c.Warn("drift: %d item(s) differ; 'claudebox host init' here repairs this member's, and run on %s repairs theirs", n, strings.Join(members, ", "))
+		default:
+			c.Warn("drift: %d item(s) differ, all on other members; 'claudebox host init' run on %s repairs them", n, strings.Join(members, ", "))
+		}
 		return exitError{1}
 	}
 	if format == "table" {
