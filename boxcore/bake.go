@@ -507,6 +507,10 @@ func (bs *Boxes) warmPool(ctx context.Context, fp string, cfg map[string]string)
 	req := incus.InstancesPost{Name: name, Type: "container", Profiles: []string{}, Config: marks,
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": bs.Stack.Pool}},
 		Source:  incus.InstanceSource{Type: "image", Fingerprint: fp}}
+	// On a cluster the image volume is per member: warm this one's, where `new` mints.
+	if target, err := bs.placement(ctx, ""); err == nil {
+		req.Target = target
+	}
 	if err := bs.Client.CreateInstance(ctx, req, nil); err != nil {
 		return
 	}

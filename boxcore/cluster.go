@@ -200,6 +200,22 @@ func onMember(in incus.Instance, member string) bool {
 	return member == "" || in.Location == member
 }
 
+// requireHere refuses a verb that would start, restart or expose a box living on another
+// cluster member: claudebox binds a box's port, pins its MAC and guards its exposures in the
+// kernel it runs in, so done from here the box would run on its member with those layers
+// missing until someone ran claudebox there (as `new --target OTHER` would). Nothing is changed.
+func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
+	at := b.Instance.Location
+	if at == "" || at == "none" || bs.Client.Remote() != "local" {
+		return nil
+	}
+	local, err := LocalTarget(ctx, bs.Client, verb, "")
+	if err != nil || local == "" || local == at {
+		return err
+	}
+	return Usagef("%s %s: the box lives on cluster member %s, and claudebox binds its port and guards its exposures in the kernel it runs in: run the same command on %s", verb, b.Name, at, at)
+}
+
 // placement is the member a new box goes to (LocalTarget for `new`).
 func (bs *Boxes) placement(ctx context.Context, target string) (string, error) {
 	return LocalTarget(ctx, bs.Client, "new", target)

@@ -193,6 +193,38 @@ func TestClusterStack(t *testing.T) {
 			t.Errorf("new %v on m2: %v, want exit 2\n%s", bad, err, out)
 		}
 	}
+	// A box is started, restored running or exposed only on its own member: from another
+	// one it would run with its port's pin, rp_filter and guard missing (measured before this
+	// refusal: `start` of b2 from m1 left m2's check with b2's fdb pin and port rp_filter
+	// drifted). Refused with exit 2, nothing changed.
+	if out, err := run(1, "stop", b2); err != nil {
+		t.Fatalf("stop %s on m2: %v\n%s", b2, err, out)
+	}
+	for _, args := range [][]string{{"start", b2}, {"expose", b2, "8080"}} {
+		out, err := run(0, args...)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run the same command on "+members[1].Name) {
+			t.Errorf("%v on m1 of a box on m2: %v, want exit 2 naming m2\n%s", args, err, out)
+		}
+	}
+	if in, _, err := c.Client(0).Instance(ctx, b2); err != nil || in.Status != "Stopped" || len(boxcore.Exposures(in.Devices)) != 0 {
+		t.Errorf("%s after the refused start and expose: %s, exposures %v (%v), want Stopped with none", b2, in.Status, boxcore.Exposures(in.Devices), err)
+	}
+	if out, err := run(1, "start", b2); err != nil {
+		t.Fatalf("start %s on m2: %v\n%s", b2, err, out)
+	}
+	if out, err := run(0, "restore", b2, "s1", "--force"); !strings.Contains(out, "run the same command on "+members[1].Name) {
+		t.Errorf("restore of running %s from m1: %v, want refused naming m2\n%s", b2, err, out)
+	}
+	// An import lands on the member it runs on, as new does.
+	exported := t.TempDir() + "/b1.tar.gz"
+	if out, err := run(0, "export", b1, exported); err != nil {
+		t.Fatalf("export %s on m1: %v\n%s", b1, err, out)
+	}
+	imported := c.Run + "-i3"
+	if out, err := run(2, "import", exported, "--name", imported); err != nil {
+		t.Fatalf("import on m3: %v\n%s", err, out)
+	}
 	if out, err := exec.CommandContext(ctx, bin, "new", "--name", c.Run+"-x", "--container", "--target", "m1").CombinedOutput(); !strings.Contains(string(out), "not a cluster member") {
 		t.Errorf("new --target on the standalone host daemon: %v\n%s", err, out)
 	}
@@ -204,7 +236,7 @@ func TestClusterStack(t *testing.T) {
 	if _, err := c.API(ctx, 0, http.MethodGet, "/1.0/instances?recursion=1", nil, &all); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{b1: members[0].Name, b2: members[1].Name, b3: members[2].Name, clone: members[2].Name, clone + "r": members[2].Name}
+	want := map[string]string{b1: members[0].Name, b2: members[1].Name, b3: members[2].Name, clone: members[2].Name, clone + "r": members[2].Name, imported: members[2].Name}
 	for _, in := range all {
 		if want[in.Name] != in.Location || in.Status != "Running" {
 			t.Errorf("%s: %s on %q, want Running on %q (and no other instance)", in.Name, in.Status, in.Location, want[in.Name])

@@ -219,8 +219,14 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 		return nil, err
 	}
 
+	// On a cluster the box lands on this member, as `new` places it: its port is bound here.
+	target, err := bs.placement(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+
 	m := &minting{bs: bs, o: NewOptions{Name: name}, token: randomToken(), clone: true}
-	rw := &exportRewrite{stack: bs.Stack, name: name, from: x.name, version: bs.Version, token: m.token, extra: o.Config, created: time.Now().UTC(), checked: x, judgeStack: s}
+	rw := &exportRewrite{stack: bs.Stack, name: name, from: x.name, version: bs.Version, token: m.token, extra: o.Config, created: time.Now().UTC(), checked: x, judgeStack: s, target: target}
 	m.o.FirstBoot = firstBootOf(x.config)
 	if o.AfterCheck != nil {
 		o.AfterCheck()
@@ -317,7 +323,7 @@ func (bs *Boxes) importTarball(ctx context.Context, file string, rw *exportRewri
 		rerr <- err
 	}()
 	// The upload is cut off with ctx: the daemon then has no complete file and makes nothing.
-	id, err := bs.Client.StartImportInstance(ctx, pr, rw.name, bs.Stack.Pool)
+	id, err := bs.Client.StartImportInstance(ctx, pr, rw.name, bs.Stack.Pool, rw.target)
 	pr.CloseWithError(errors.New("import: upload finished"))
 	werr := <-rerr
 	if werr != nil && err != nil && ctx.Err() == nil {
@@ -740,6 +746,7 @@ type exportRewrite struct {
 	// checked is the file as first read and judged; judgeStack the stack it was judged for.
 	checked    *exportFile
 	judgeStack Stack
+	target     string // the cluster member to import on ("" standalone)
 }
 
 // config is an instance's (or snapshot's) config as imported: no volatile.* keys, the

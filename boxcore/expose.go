@@ -150,6 +150,9 @@ func (bs *Boxes) Expose(ctx context.Context, b *Box, port uint16, on netip.AddrP
 	if err := bs.canGuard(); err != nil {
 		return Exposure{}, err
 	}
+	if err := bs.requireHere(ctx, b, "expose"); err != nil {
+		return Exposure{}, err
+	}
 	in, etag, err := bs.Client.Instance(ctx, b.Name)
 	if err != nil {
 		return Exposure{}, err

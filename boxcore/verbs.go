@@ -190,6 +190,9 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
 	}
+	if err := bs.requireHere(ctx, b, "start"); err != nil {
+		return err
+	}
 	if bs.Warn != nil {
 		if w := bs.MemoryBudgetWarning(ctx, b.Name, LimitsOf(b.Instance).Memory); w != "" {
 			bs.Warn(w)
@@ -256,6 +259,11 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 		return err
 	}
 	running := in.Status != "Stopped"
+	if running {
+		if err := bs.requireHere(ctx, b, "restore"); err != nil {
+			return err // it would restart on its member with layers missing
+		}
+	}
 	if running {
 		if err := bs.kill(ctx, b.Name); err != nil {
 			return err

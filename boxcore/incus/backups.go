@@ -64,7 +64,7 @@ func (c *Client) DeleteBackup(ctx context.Context, inst, backup string) error {
 // as application/octet-stream, to be made into instance name on pool (either may be "" for
 // the tarball's own), and returns the import's operation id without waiting for it. The
 // daemon stores the whole upload before it answers.
-func (c *Client) StartImportInstance(ctx context.Context, body io.Reader, name, pool string) (string, error) {
+func (c *Client) StartImportInstance(ctx context.Context, body io.Reader, name, pool, target string) (string, error) {
 	h := http.Header{}
 	if name != "" {
 		h.Set("X-Incus-name", name)
@@ -72,7 +72,7 @@ func (c *Client) StartImportInstance(ctx context.Context, body io.Reader, name, 
 	if pool != "" {
 		h.Set("X-Incus-pool", pool)
 	}
-	return c.start(ctx, http.MethodPost, "/1.0/instances", nil,
+	return c.start(ctx, http.MethodPost, memberPath("/1.0/instances", target), nil,
 		&reqOpts{body: body, contentType: "application/octet-stream", header: h})
 }
 
