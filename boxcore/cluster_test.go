@@ -216,6 +216,17 @@ func TestClusterStack(t *testing.T) {
 	if out, err := run(0, "restore", b2, "s1", "--force"); !strings.Contains(out, "run the same command on "+members[1].Name) {
 		t.Errorf("restore of running %s from m1: %v, want refused naming m2\n%s", b2, err, out)
 	}
+	// Each member's loopback is its own: one port exposed on two members is no clash.
+	for i, box := range []string{b1, b3} {
+		if out, err := run(i*2, "expose", box, "18080"); err != nil {
+			t.Errorf("expose %s 18080 on %s: %v\n%s", box, members[i*2].Name, err, out)
+		}
+	}
+	for i, box := range []string{b1, b3} {
+		if out, err := run(i*2, "unexpose", box, "18080"); err != nil {
+			t.Errorf("unexpose %s 18080 on %s: %v\n%s", box, members[i*2].Name, err, out)
+		}
+	}
 	// An import lands on the member it runs on, as new does.
 	exported := t.TempDir() + "/b1.tar.gz"
 	if out, err := run(0, "export", b1, exported); err != nil {

@@ -218,7 +218,15 @@ func (bs *Boxes) exposedOn(ctx context.Context, on netip.AddrPort) (string, erro
 	if err != nil {
 		return "", err
 	}
+	// On a cluster each member's loopback is its own: only this member's boxes can take it.
+	local, err := NewHost(bs.Client, bs.Stack).localMember(ctx)
+	if err != nil {
+		return "", err
+	}
 	for _, in := range insts {
+		if !onMember(in, local) {
+			continue
+		}
 		for _, e := range Exposures(in.Devices) {
 			if e.On == on {
 				return in.Name, nil
