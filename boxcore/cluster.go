@@ -93,9 +93,7 @@ func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) err
 		if m == local {
 			continue
 		}
-		if err := h.checkMember(ctx, c, st, m, insts); err != nil {
-			return err
-		}
+		h.checkMember(ctx, c, st, m, insts)
 		c.note("cluster", "member "+m+": nftables, sysctls, port bindings, FDB pins, boot unit",
 			"kernel state not readable from "+local+": run 'claudebox host check' on "+m)
 	}
@@ -103,17 +101,19 @@ func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) err
 }
 
 // checkMember is checkCluster's reading of one other member through its daemon.
-func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, member string, insts []incus.Instance) error {
+func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, member string, insts []incus.Instance) {
 	n := h.Stack.Network
+	// A member that does not answer (offline, upgrading) is a row, not the end of the check.
 	on, _, err := h.Client.NetworkOn(ctx, n, member)
 	if err != nil {
-		return fmt.Errorf("network %s on member %s: %w", n, member, err)
+		c.addOn(member, "cluster", "member "+member+": network "+n, "readable through Incus", "unreadable: "+err.Error())
+		return
 	}
 	c.addOn(member, "cluster", "member "+member+": network "+n+" keys of its own", "none", keyList(memberOwnKeys(on.Config, st.Network.Config)))
 	bs, err := h.Client.NetworkStateOn(ctx, n, member)
 	if err != nil {
 		c.addOn(member, "cluster", "member "+member+": bridge "+n, "readable through Incus", "unreadable: "+err.Error())
-		return nil
+		return
 	}
 	c.addOn(member, "cluster", "member "+member+": bridge "+n+" state", "up", bs.State)
 	want := "none"
@@ -148,7 +148,6 @@ func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, memb
 	}
 	slices.Sort(foreign)
 	c.addOn(member, "cluster", "member "+member+": bridge "+n+" ports that are not its instances'", "none", orNone(strings.Join(foreign, ", ")))
-	return nil
 }
 
 // memberOwnKeys are the keys a member's view of a network (GET ?target=) has beyond the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,6 +373,17 @@ func TestClusterStack(t *testing.T) {
 	out, err = run(0, "drill", "--target", members[1].Name)
 	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run it on "+members[1].Name) {
 		t.Errorf("drill --target m2 on m1: %v, want exit 2 and to be told where to run it\n%s", err, out)
+	}
+
+	// A member that stops answering is a row of m1's check, not the end of it. (Last: the
+	// cluster's teardown kills what no longer answers.)
+	if err := syscall.Kill(members[2].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(0, "host", "check", "--format", "csv")
+	if err == nil || !strings.Contains(out, "member m3: network "+stack.Network+",readable through Incus,unreadable") ||
+		!strings.Contains(out, "member m2: bridge "+stack.Network+" state,up,up") {
+		t.Errorf("host check on m1 with m3 down: %v, want m3 unreadable (drift) and m2 read\n%s", err, out)
 	}
 }
 
