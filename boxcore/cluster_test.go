@@ -2,11 +2,13 @@ package boxcore_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -111,7 +113,7 @@ func TestClusterMember(t *testing.T) {
 func TestClusterStack(t *testing.T) {
 	testcluster.Gate(t)
 	c := testcluster.Up(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 14*time.Minute)
 	defer cancel()
 	bin := teststack.Binary(t)
 	stack := boxcore.NamedStack(c.Run + "s")
@@ -329,6 +331,9 @@ func TestClusterStack(t *testing.T) {
 	}
 	checkAll(-1)
 
+	crossMemberBoxes(ctx, t, c, stack, img, run)
+	checkAll(-1)
+
 	// The drill on each member, run there (--target that member): its decoys, layers and
 	// boxes are that member's, every row green. Asked on another member it is refused.
 	for i, m := range members {
@@ -384,6 +389,117 @@ func TestClusterStack(t *testing.T) {
 	if err == nil || !strings.Contains(out, "member m3: network "+stack.Network+",readable through Incus,unreadable") ||
 		!strings.Contains(out, "member m2: bridge "+stack.Network+" state,up,up") {
 		t.Errorf("host check on m1 with m3 down: %v, want m3 unreadable (drift) and m2 read\n%s", err, out)
+	}
+}
+
+// crossMemberBoxes: with m1's and m2's bridges joined at L2 (bridge.external_interfaces on
+// both, a veth between their namespaces: the drift host check names), a box on m1 still
+// reaches no box on m2 while any one of seven layers is on — the ACL, and on each of the two
+// members claudebox's bridge table, wall or guard — and reaches it with all seven off (the
+// positive control: the probe sees the box when nothing holds). The target box on m2 has an
+// address no box on m1 has (each member hands out the subnet from its start: the first box
+// on each is .2). Everything is repaired by init on both members.
+func crossMemberBoxes(ctx context.Context, t *testing.T, c *testcluster.Cluster, stack boxcore.Stack, img string, run func(int, ...string) (string, error)) {
+	t.Helper()
+	from, target := c.Run+"-b1", c.Run+"-t2"
+	if out, err := run(1, "new", "--name", target, "--container", "--image", img); err != nil {
+		t.Fatalf("new %s on m2: %v\n%s", target, err, out)
+	}
+	defer func() {
+		if out, err := run(1, "rm", target, "--force"); err != nil {
+			t.Errorf("rm %s: %v\n%s", target, err, out)
+		}
+	}()
+	addrOf := func(i int, box string) string {
+		var st struct {
+			Network map[string]struct {
+				Addresses []struct{ Family, Address string } `json:"addresses"`
+			} `json:"network"`
+		}
+		if _, err := c.API(ctx, i, http.MethodGet, "/1.0/instances/"+box+"/state", nil, &st); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range st.Network["eth0"].Addresses {
+			if a.Family == "inet" {
+				return a.Address
+			}
+		}
+		t.Fatalf("%s has no IPv4 address", box)
+		return ""
+	}
+	addr := addrOf(1, target)
+	if addr == addrOf(0, from) {
+		t.Fatalf("%s on m2 has %s's address %s: the probe would not leave m1", target, from, addr)
+	}
+	probe := `[{"kind":"tcp","target":"` + addr + `","port":7001,"timeout":"2s"},{"kind":"icmp","target":"` + addr + `","timeout":"2s"}]`
+	outcomes := func() string {
+		out, err := c.CLI(ctx, 0, "", "exec", from, "--", "/sbin/init", "probe", "run", probe)
+		if err != nil {
+			t.Fatalf("probe from %s: %v", from, err)
+		}
+		var res []struct{ Outcome string }
+		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 2 {
+			t.Fatalf("probe from %s: %v: %s", from, err, out)
+		}
+		return res[0].Outcome + " " + res[1].Outcome
+	}
+	link := "cbj" + c.Run[len(c.Run)-6:]
+	if out, err := c.Command(ctx, 0, "ip", "link", "add", link+"a", "type", "veth", "peer", "name", link+"b", "netns", strconv.Itoa(c.Members()[1].PID)).CombinedOutput(); err != nil {
+		t.Fatalf("veth m1-m2: %v\n%s", err, out)
+	}
+	table := "claudebox_" + stack.Network
+	tables := [][]string{{"bridge", table}, {"inet", table + "_wall"}, {"inet", table + "_guard"}}
+	// setup joins the bridges, detaches the ACL unless keepACL, and deletes every claudebox
+	// table on m1 and m2 but keep ("m<i> <family> <table>").
+	setup := func(keepACL bool, keep string) {
+		for i := 0; i < 2; i++ {
+			if out, err := run(i, "host", "init", "--yes"); err != nil {
+				t.Fatalf("host init on m%d: %v\n%s", i+1, err, out)
+			}
+		}
+		for i, end := range []string{"a", "b"} {
+			if _, err := c.CLI(ctx, 0, "", "network", "set", stack.Network, "bridge.external_interfaces="+link+end, "--target", c.Members()[i].Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !keepACL {
+			for _, k := range []string{"security.acls", "security.acls.default.ingress.action", "security.acls.default.egress.action"} {
+				if _, err := c.CLI(ctx, 0, "", "network", "unset", stack.Network, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for i := 0; i < 2; i++ {
+			for _, tb := range tables {
+				if fmt.Sprintf("m%d %s %s", i+1, tb[0], tb[1]) != keep {
+					if out, err := c.Command(ctx, i, "nft", "delete", "table", tb[0], tb[1]).CombinedOutput(); err != nil {
+						t.Fatalf("deleting %v on m%d: %v\n%s", tb, i+1, err, out)
+					}
+				}
+			}
+		}
+	}
+	setup(true, "")
+	if got := outcomes(); got != "dropped dropped" {
+		t.Errorf("%s (m1) → %s %s (m2) over joined bridges, the ACL alone on: %s, want dropped dropped", from, target, addr, got)
+	}
+	for i := 0; i < 2; i++ {
+		for _, tb := range tables {
+			keep := fmt.Sprintf("m%d %s %s", i+1, tb[0], tb[1])
+			setup(false, keep)
+			if got := outcomes(); got != "dropped dropped" {
+				t.Errorf("%s (m1) → %s %s (m2) over joined bridges, only %s on: %s, want dropped dropped", from, target, addr, keep, got)
+			}
+		}
+	}
+	setup(false, "")
+	if got := outcomes(); got != "open open" {
+		t.Errorf("%s (m1) → %s %s (m2) over joined bridges with the ACL and every claudebox table of m1 and m2 off: %s, want open open (else the probe cannot see it)", from, target, addr, got)
+	}
+	for i := 0; i < 2; i++ {
+		if out, err := run(i, "host", "init", "--yes"); err != nil {
+			t.Fatalf("host init on m%d repairing the join: %v\n%s", i+1, err, out)
+		}
 	}
 }
 
