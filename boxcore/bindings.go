@@ -142,6 +142,12 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 	return nil
 }
 
+// rereadBindings replaces what readBindings read into st with a fresh read.
+func (h *Host) rereadBindings(ctx context.Context, st *StackState) error {
+	st.NICs, st.Exposed, st.OddProxies = nil, nil, nil
+	return h.readBindings(ctx, st)
+}
+
 // Bindings are the bindings of every NIC that can be bound, for the firewall spec.
 func (st *StackState) Bindings() []firewall.PortBinding {
 	var out []firewall.PortBinding

@@ -257,6 +257,18 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 	if err := h.applyIncus(ctx, p); err != nil {
 		return nil, err
 	}
+	// The boxes as they are now, not as the plan read them: a box started since (the CLI asks
+	// before it applies) bound its port meanwhile, and an apply from the plan's read dropped
+	// that binding, its FDB pin and its wall rule (measured). Under the stack's bind lock, so
+	// that no bind reads and applies in between.
+	unlock, err := lockFile(ctx, bindLockPath(h.Stack.Network), HostLockWait)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := h.rereadBindings(ctx, p.state); err != nil {
+		return nil, fmt.Errorf("reading port bindings: %w", err)
+	}
 	if _, err := h.applyL2(h.firewallSpec(p.state, p.Gateway)); err != nil {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
@@ -474,6 +486,12 @@ func (h *Host) Init(ctx context.Context, opts InitOptions) ([]Change, error) {
 // ApplyFirewall re-applies only the nftables rules, reading the gateway from the network;
 // the boot unit runs this.
 func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
+	// Read and apply with no bind in between (a box starting now keeps its binding).
+	unlock, err := lockFile(ctx, bindLockPath(h.Stack.Network), HostLockWait)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	st, err := h.Read(ctx)
 	if err != nil {
 		return false, err

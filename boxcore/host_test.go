@@ -178,6 +178,32 @@ func TestHostInitCheckTeardown(t *testing.T) {
 		repairAndCheck(t, h)
 	})
 
+	t.Run("a box started between init's plan and its apply stays bound", func(t *testing.T) {
+		// init reads the boxes when it plans and applies the firewall later (the CLI asks
+		// first): a box whose start bound its port in between must not lose that binding.
+		bt, _ := firewall.TableNames(s.Network)
+		p, err := h.PlanInit(ctx, boxcore.InitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("nft", "delete", "table", "bridge", bt).CombinedOutput(); err != nil {
+			t.Fatalf("nft delete: %v %s", err, out) // so that the apply rewrites the table
+		}
+		bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
+		name := "cbt-host-" + testenv.RunID() + "-p"
+		if _, err := bs.New(ctx, boxcore.NewOptions{Name: name, Image: teststack.ProbeImage(t, c), Config: teststack.Tag()}); err != nil {
+			t.Fatalf("new: %v", err)
+		}
+		defer func() { _ = bs.Remove(ctx, &boxcore.Box{Name: name, Instance: incus.Instance{Status: "Running"}}) }()
+		if _, err := h.ApplyInit(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		r := mustCheck(t, h)
+		if !r.OK {
+			t.Fatalf("after an init planned before %s started: drift %v", name, r.Drift())
+		}
+	})
+
 	t.Run("drift: a network key claudebox does not set", func(t *testing.T) {
 		// bridge.external_interfaces would join the boxes' bridge to another segment: any key
 		// init would remove is drift, named with its value.
