@@ -51,10 +51,11 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 	for _, p := range ports {
 		onBridge[p.Name] = true
 	}
-	local, err := h.localMember(ctx)
+	local, err := localMember(ctx, h.Client)
 	if err != nil {
 		return err
 	}
+	st.Member = local
 	hosts := readDNSMasqHosts(h.Stack.Network)
 	for _, in := range insts {
 		if !onMember(in, local) {

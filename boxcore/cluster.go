@@ -71,15 +71,14 @@ func removeQuiet(remove func() error) error {
 // shows (nftables, sysctls, bindings, FDB pins, the boot unit) is not readable from here: the
 // check says so, member by member.
 func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) error {
-	srv, err := h.Client.Server(ctx)
-	if err != nil || !srv.Clustered {
-		return err
+	local := st.Member
+	if local == "" {
+		return nil // a standalone daemon
 	}
 	members, err := memberNames(ctx, h.Client)
 	if err != nil {
 		return err
 	}
-	local := srv.ServerName
 	c.note("cluster", "member "+local, "this member: the kernel readings above are its own")
 	c.add("cluster", "member "+local+": network "+h.Stack.Network+" keys of its own", "none", keyList(st.MemberKeys))
 	if st.Network == nil {
@@ -124,7 +123,7 @@ func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, memb
 	for _, a := range bs.Addresses {
 		addrs = append(addrs, a.Address+"/"+a.Netmask)
 	}
-	c.addOn(member, "cluster", "member "+member+": bridge "+n+" addresses", want, orNone(strings.Join(addrs, ", ")))
+	c.addOn(member, "cluster", "member "+member+": bridge "+n+" addresses", want, listOrNone(addrs))
 	ports := map[string]bool{}
 	for _, in := range insts {
 		if in.Location != member {
@@ -147,7 +146,7 @@ func (h *Host) checkMember(ctx context.Context, c *checker, st *StackState, memb
 		}
 	}
 	slices.Sort(foreign)
-	c.addOn(member, "cluster", "member "+member+": bridge "+n+" ports that are not its instances'", "none", orNone(strings.Join(foreign, ", ")))
+	c.addOn(member, "cluster", "member "+member+": bridge "+n+" ports that are not its instances'", "none", listOrNone(foreign))
 }
 
 // memberOwnKeys are the keys a member's view of a network (GET ?target=) has beyond the
@@ -185,8 +184,8 @@ func (h *Host) removeMemberKeys(ctx context.Context, member string) error {
 }
 
 // localMember is the name of the cluster member this daemon is, or "" when standalone.
-func (h *Host) localMember(ctx context.Context) (string, error) {
-	srv, err := h.Client.Server(ctx)
+func localMember(ctx context.Context, c *incus.Client) (string, error) {
+	srv, err := c.Server(ctx)
 	if err != nil || !srv.Clustered {
 		return "", err
 	}
@@ -208,7 +207,7 @@ func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
 	if at == "" || at == "none" || bs.Client.Remote() != "local" {
 		return nil
 	}
-	local, err := LocalTarget(ctx, bs.Client, verb, "")
+	local, err := localMember(ctx, bs.Client)
 	if err != nil || local == "" || local == at {
 		return err
 	}
@@ -226,17 +225,16 @@ func (bs *Boxes) placement(ctx context.Context, target string) (string, error) {
 // port unbound until someone ran claudebox there, and a drill's decoys and layers are this
 // kernel's — so the verb is to be run on that member.
 func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (string, error) {
-	srv, err := c.Server(ctx)
+	local, err := localMember(ctx, c)
 	if err != nil {
 		return "", err
 	}
-	if !srv.Clustered {
+	if local == "" {
 		if target != "" {
 			return "", Usagef("%s --target %s: this Incus daemon is not a cluster member", verb, target)
 		}
 		return "", nil
 	}
-	local := srv.ServerName
 	if target == "" || target == local {
 		return local, nil
 	}
@@ -250,25 +248,16 @@ func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (str
 	return "", Usagef("%s --target %s: run it on %s — this is %s, and claudebox works in the kernel of the member it runs on", verb, target, target, local)
 }
 
-// orNone is s, or "none" when it is empty.
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
-}
-
-// readMember fills in, on a cluster, which member this daemon is and the network's keys of
-// that member's own (nothing on a standalone daemon).
+// readMember fills in, on a cluster, the network's keys of this member's own (st.Member, as
+// readBindings read it; nothing on a standalone daemon).
 func (h *Host) readMember(ctx context.Context, st *StackState) error {
-	member, err := h.localMember(ctx)
-	if err != nil || member == "" || st.Network == nil {
-		return err
+	if st.Member == "" || st.Network == nil {
+		return nil
 	}
-	on, _, err := h.Client.NetworkOn(ctx, h.Stack.Network, member)
+	on, _, err := h.Client.NetworkOn(ctx, h.Stack.Network, st.Member)
 	if err != nil {
-		return fmt.Errorf("network %s on member %s: %w", h.Stack.Network, member, err)
+		return fmt.Errorf("network %s on member %s: %w", h.Stack.Network, st.Member, err)
 	}
-	st.Member, st.MemberKeys = member, memberOwnKeys(on.Config, st.Network.Config)
+	st.MemberKeys = memberOwnKeys(on.Config, st.Network.Config)
 	return nil
 }

@@ -219,7 +219,7 @@ func (bs *Boxes) exposedOn(ctx context.Context, on netip.AddrPort) (string, erro
 		return "", err
 	}
 	// On a cluster each member's loopback is its own: only this member's boxes can take it.
-	local, err := NewHost(bs.Client, bs.Stack).localMember(ctx)
+	local, err := localMember(ctx, bs.Client)
 	if err != nil {
 		return "", err
 	}

@@ -572,10 +572,8 @@ func configDiff(have, want map[string]string) []string {
 			keys = append(keys, k)
 		}
 	}
-	for _, k := range sortedKeys(have) {
-		if _, ok := want[k]; !ok && !keptKey(k) {
-			keys = append(keys, k+" (remove)")
-		}
+	for _, k := range sortedKeys(foreignKeys(have, want)) {
+		keys = append(keys, k+" (remove)")
 	}
 	return keys
 }
@@ -594,14 +592,11 @@ func foreignKeys(have, want map[string]string) map[string]string {
 
 // keyList is "k=v, ..." sorted, or "none".
 func keyList(kv map[string]string) string {
-	if len(kv) == 0 {
-		return "none"
-	}
 	var out []string
 	for _, k := range sortedKeys(kv) {
 		out = append(out, k+"="+kv[k])
 	}
-	return strings.Join(out, ", ")
+	return listOrNone(out)
 }
 
 func devicesEqual(a, b map[string]map[string]string) bool {

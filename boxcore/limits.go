@@ -569,7 +569,7 @@ func (h *Host) checkLimits(ctx context.Context, c *checker) error {
 	if err != nil {
 		return err
 	}
-	local, err := h.localMember(ctx)
+	local, err := localMember(ctx, h.Client)
 	if err != nil {
 		return err
 	}

@@ -28,8 +28,9 @@ type StackState struct {
 	// ETags are the Incus objects' ETags as read: a write planned from this state carries
 	// them, so it fails (ChangedError) if someone wrote the object in between.
 	ETags ETags
-	// Member is the cluster member this daemon is ("" standalone); MemberKeys the network's
-	// keys of that member's own (GET ?target=), which claudebox never sets.
+	// Member is the cluster member this daemon is ("" standalone), as readBindings read it;
+	// MemberKeys the network's keys of that member's own (GET ?target=), which claudebox
+	// never sets.
 	Member     string
 	MemberKeys map[string]string
 	// Others are the other managed Incus networks with an IPv4 subnet: boxes must not reach them.

@@ -107,10 +107,7 @@ type InstancesPost struct {
 
 // createPath is where a create request goes: with ?target= when it names a member.
 func (r InstancesPost) createPath() string {
-	if r.Target == "" {
-		return "/1.0/instances"
-	}
-	return "/1.0/instances?target=" + url.QueryEscape(r.Target)
+	return memberPath("/1.0/instances", r.Target)
 }
 
 // InstancePut is the body of PUT /1.0/instances/<n>: the whole writable configuration.

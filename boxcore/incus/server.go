@@ -3,7 +3,6 @@ package incus
 import (
 	"context"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 )
@@ -112,6 +111,6 @@ func (c *Client) createOnMember(ctx context.Context, collection, member string, 
 		memberConfig = map[string]string{}
 	}
 	body["config"] = memberConfig
-	_, err := c.call(ctx, http.MethodPost, collection+"?target="+url.QueryEscape(member), body, nil)
+	_, err := c.call(ctx, http.MethodPost, memberPath(collection, member), body, nil)
 	return err
 }
