@@ -484,6 +484,11 @@ func exitCode(md map[string]any) int {
 
 // websocket dials /1.0/operations/<id>/websocket?secret=<secret>.
 func (c *Client) websocket(ctx context.Context, opID, secret string) (*websocket.Conn, error) {
+	return c.dialWS(ctx, "/1.0/operations/"+esc(opID)+"/websocket?secret="+url.QueryEscape(secret))
+}
+
+// dialWS upgrades a GET of path (with its query) to a websocket.
+func (c *Client) dialWS(ctx context.Context, path string) (*websocket.Conn, error) {
 	u := c.base
 	switch {
 	case strings.HasPrefix(u, "https://"):
@@ -491,12 +496,12 @@ func (c *Client) websocket(ctx context.Context, opID, secret string) (*websocket
 	case strings.HasPrefix(u, "http://"):
 		u = "ws://" + strings.TrimPrefix(u, "http://")
 	}
-	u += "/1.0/operations/" + esc(opID) + "/websocket?secret=" + url.QueryEscape(secret)
+	u += path
 	cn, resp, err := c.ws.DialContext(ctx, u, http.Header{"User-Agent": {"claudebox"}})
 	var refused error
 	if resp != nil && resp.Body != nil {
 		if errors.Is(err, websocket.ErrBadHandshake) {
-			refused = handshakeRefusal(resp, "/1.0/operations/"+opID+"/websocket")
+			refused = handshakeRefusal(resp, strings.SplitN(path, "?", 2)[0])
 		}
 		resp.Body.Close()
 	}

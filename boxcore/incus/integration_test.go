@@ -532,6 +532,12 @@ func TestIntegration(t *testing.T) {
 
 	t.Run("State", func(t *testing.T) {
 		ctx := ctxT(t)
+		// Every state change below is also a lifecycle event naming b (what the agent binds on).
+		events, err := c.Events(ctx, "lifecycle")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer events.Close()
 		st := func(want string) {
 			t.Helper()
 			s, err := c.InstanceState(ctx, b)
@@ -566,6 +572,29 @@ func TestIntegration(t *testing.T) {
 		}
 		if err := c.SetState(ctx, b, "explode", false, 0); err == nil {
 			t.Errorf("unknown action accepted")
+		}
+		// Incus's own order within a restart varies (restarted, then started, or not); what
+		// counts is that every start is an event naming the instance, and so is a stop.
+		counts := map[string]int{}
+		deadline := time.After(10 * time.Second)
+	collect:
+		for counts["instance-started"] < 2 || counts["instance-restarted"] < 1 || counts["instance-stopped"] < 1 {
+			select {
+			case e, ok := <-events.C:
+				if !ok {
+					t.Fatalf("event stream ended: %v", events.Err())
+				}
+				if l, ok := e.Lifecycle(); ok && l.Instance() == b {
+					counts[l.Action]++
+				}
+			case <-deadline:
+				t.Errorf("lifecycle events for %s within 10 s: %v, want instance-started twice, instance-restarted and instance-stopped", b, counts)
+				break collect
+			}
+		}
+		events.Close()
+		if _, ok := <-events.C; ok || events.Err() != nil {
+			t.Errorf("closed stream: still delivering, or ended with %v", events.Err())
 		}
 	})
 
