@@ -166,7 +166,7 @@ func TestHostInitCheckTeardown(t *testing.T) {
 		}
 		cfg := n.Config
 		cfg["raw.dnsmasq"] = strings.ReplaceAll(cfg["raw.dnsmasq"], "no-hosts\n", "")
-		if err := c.UpdateNetwork(ctx, s.Network, cfg, n.Description, ""); err != nil {
+		if err := incus.RetryBridgeChildrenRace(ctx, func() error { return c.UpdateNetwork(ctx, s.Network, cfg, n.Description, "") }); err != nil {
 			t.Fatal(err)
 		}
 		r := mustCheck(t, h)
@@ -212,7 +212,7 @@ func TestHostInitCheckTeardown(t *testing.T) {
 			t.Fatal(err)
 		}
 		n.Config["bridge.mtu"] = "1400"
-		if err := c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, ""); err != nil {
+		if err := incus.RetryBridgeChildrenRace(ctx, func() error { return c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, "") }); err != nil {
 			t.Fatal(err)
 		}
 		r := mustCheck(t, h)
@@ -237,7 +237,7 @@ func TestHostInitCheckTeardown(t *testing.T) {
 			t.Fatal(err)
 		}
 		n.Config["raw.dnsmasq"] = strings.ReplaceAll(n.Config["raw.dnsmasq"], "dhcp-ignore-names\n", "")
-		if err := c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, ""); err != nil {
+		if err := incus.RetryBridgeChildrenRace(ctx, func() error { return c.UpdateNetwork(ctx, s.Network, n.Config, n.Description, "") }); err != nil {
 			t.Fatal(err)
 		}
 		bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
