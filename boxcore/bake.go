@@ -318,6 +318,7 @@ func (bs *Boxes) Bake(ctx context.Context, o BakeOptions) (BakeResult, error) {
 	b.Config = maps.Clone(b.Config)
 	b.Progress = o.Progress
 	b.Timings = nil
+	b.Target, b.Here = "", true // built here, where its image's pool is warmed
 	res.Builder = b.Name
 	defer bs.removeBuilder(b.Name)
 
@@ -508,7 +509,7 @@ func (bs *Boxes) warmPool(ctx context.Context, fp string, cfg map[string]string)
 		Devices: map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": bs.Stack.Pool}},
 		Source:  incus.InstanceSource{Type: "image", Fingerprint: fp}}
 	// On a cluster the image volume is per member: warm this one's, where `new` mints.
-	if target, err := bs.placement(ctx, ""); err == nil {
+	if target, err := bs.placement(ctx, "", true); err == nil {
 		req.Target = target
 	}
 	if err := bs.Client.CreateInstance(ctx, req, nil); err != nil {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/claudebox/claudebox/firewall"
 )
@@ -31,6 +32,11 @@ type NICBinding struct {
 	// RPFilter is the port's effective net.ipv4.conf rp_filter (the larger of the port's own,
 	// RPFilterOwn, and conf.all's), -1 when unreadable: the port-rp-filter layer wants 1.
 	RPFilter, RPFilterOwn int
+	// Tagged: the instance is a box (TagKey). Started is its last start as this read saw it
+	// (Incus's last_used_at), Acked its TagBound then: what the agent acknowledges.
+	Tagged  bool
+	Started time.Time
+	Acked   string
 }
 
 // readBindings reads the running boxes' NICs on the stack's network: host-side veth
@@ -85,7 +91,7 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 			if d["type"] != "nic" || d["network"] != h.Stack.Network {
 				continue
 			}
-			nb := NICBinding{Box: in.Name, Device: dev}
+			nb := NICBinding{Box: in.Name, Device: dev, Tagged: in.Config[TagKey] == "1", Started: in.LastUsedAt, Acked: in.Config[TagBound]}
 			b := &nb.Binding
 			b.Port = in.Config["volatile."+dev+".host_name"]
 			b.MAC, _ = net.ParseMAC(in.Config["volatile."+dev+".hwaddr"])
@@ -271,8 +277,14 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 // box runs: until then its port is unbound (Incus's NIC filtering still holds it). It needs
 // root (nftables), like host init; a box verb run without root gets ErrBindNeedsRoot.
 func (h *Host) BindPorts(ctx context.Context) error {
+	_, err := h.bindPorts(ctx)
+	return err
+}
+
+// bindPorts is BindPorts, returning what it read and bound.
+func (h *Host) bindPorts(ctx context.Context) (*StackState, error) {
 	if os.Geteuid() != 0 {
-		return ErrBindNeedsRoot
+		return nil, ErrBindNeedsRoot
 	}
 	// One read-then-apply at a time per stack: two boxes starting at once must not have the
 	// later apply carry the earlier (staler) read and unbind the other's port. Everything it
@@ -281,23 +293,23 @@ func (h *Host) BindPorts(ctx context.Context) error {
 	// behind theirs, and under load past HostLockWait (a purged CI run, twice).
 	unlock, err := lockFile(ctx, bindLockPath(h.Stack.Network), HostLockWait)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
 	st := &StackState{Stack: h.Stack}
 	if err := h.readIncus(ctx, st); err != nil {
-		return err
+		return nil, err
 	}
 	if st.Network == nil || st.Gateway == nil {
-		return &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
+		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
 	if err := h.readBindings(ctx, st); err != nil {
-		return fmt.Errorf("reading port bindings: %w", err)
+		return nil, fmt.Errorf("reading port bindings: %w", err)
 	}
 	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
-		return fmt.Errorf("binding ports: %w", err)
+		return nil, fmt.Errorf("binding ports: %w", err)
 	}
-	return nil
+	return st, nil
 }
 
 // ErrBindNeedsRoot: the port bindings are nftables rules; without root they cannot be applied.

@@ -198,10 +198,9 @@ func onMember(in incus.Instance, member string) bool {
 	return member == "" || in.Location == member
 }
 
-// requireHere refuses a verb that would start, restart or expose a box living on another
-// cluster member: claudebox binds a box's port, pins its MAC and guards its exposures in the
-// kernel it runs in, so done from here the box would run on its member with those layers
-// missing until someone ran claudebox there (as `new --target OTHER` would). Nothing is changed.
+// requireHere refuses a verb that would expose a box living on another cluster member, or
+// restore it while it runs: an exposure listens on its member's loopback and is guarded in
+// that kernel, so it is made there. Nothing is changed.
 func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
 	at := b.Instance.Location
 	if at == "" || at == "none" || bs.Client.Remote() != "local" {
@@ -211,19 +210,54 @@ func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
 	if err != nil || local == "" || local == at {
 		return err
 	}
-	return Usagef("%s %s: the box lives on cluster member %s, and claudebox binds its port and guards its exposures in the kernel it runs in: run the same command on %s", verb, b.Name, at, at)
+	return Usagef("%s %s: the box lives on cluster member %s, and claudebox guards a box's exposures in the kernel it runs in: run the same command on %s", verb, b.Name, at, at)
 }
 
-// placement is the member a new box goes to (LocalTarget for `new`).
-func (bs *Boxes) placement(ctx context.Context, target string) (string, error) {
-	return LocalTarget(ctx, bs.Client, "new", target)
+// startedElsewhere reports the member a box runs on when that is not this daemon's (its
+// agent binds the box there), "" when it is here or the daemon is standalone or remote.
+func (bs *Boxes) startedElsewhere(ctx context.Context, at string) (string, error) {
+	if at == "" || at == "none" || bs.Client.Remote() != "local" {
+		return "", nil
+	}
+	local, err := localMember(ctx, bs.Client)
+	if err != nil || local == "" || local == at {
+		return "", err
+	}
+	return at, nil
+}
+
+// placement is the member a new box goes to: the --target given (any member: its agent binds
+// the box there), else this member when here is set (the drill's boxes, whose decoys and
+// layers are this kernel's), else "" — Incus's own placement. A --target on a standalone
+// daemon, or naming no member, is refused.
+func (bs *Boxes) placement(ctx context.Context, target string, here bool) (string, error) {
+	local, err := localMember(ctx, bs.Client)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case local == "" && target != "":
+		return "", Usagef("new --target %s: this Incus daemon is not a cluster member", target)
+	case local == "":
+		return "", nil
+	case target == "" && here:
+		return local, nil
+	case target == "" || target == local:
+		return target, nil
+	}
+	members, err := memberNames(ctx, bs.Client)
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(members, target) {
+		return "", Usagef("new --target %s: no such cluster member (members: %s)", target, strings.Join(members, ", "))
+	}
+	return target, nil
 }
 
 // LocalTarget checks a verb's --target: none on a standalone daemon (where a --target is
-// refused), else this daemon's own member (the default). Another member is refused too:
-// claudebox works in the kernel it runs in — a box it placed elsewhere would start with its
-// port unbound until someone ran claudebox there, and a drill's decoys and layers are this
-// kernel's — so the verb is to be run on that member.
+// refused), else this daemon's own member (the default). Another member is refused: the verb
+// works in this kernel (a drill's decoys and layers), so it is to be run on that member.
 func LocalTarget(ctx context.Context, c *incus.Client, verb, target string) (string, error) {
 	local, err := localMember(ctx, c)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/drill/image"
 	"github.com/claudebox/claudebox/internal/testcluster"
 	"github.com/claudebox/claudebox/internal/teststack"
@@ -159,6 +161,34 @@ func TestClusterStack(t *testing.T) {
 	}
 	checkAll(-1)
 
+	// The boot unit's agent on every member, run as the unit runs it (no systemd here): it
+	// binds every box that starts on its member, whoever started it from where.
+	agents := make([]*exec.Cmd, len(members))
+	startAgent := func(i int) {
+		t.Helper()
+		f, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := c.Command(ctx, i, bin, "host", "agent")
+		cmd.Env = append(cmd.Env, "CLAUDEBOX_STACK="+stack.Network)
+		cmd.Stdout, cmd.Stderr = f, f
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("agent on %s: %v", members[i].Name, err)
+		}
+		agents[i] = cmd
+		t.Cleanup(func() {
+			stopAgent(cmd)
+			if log, _ := os.ReadFile(f.Name()); testing.Verbose() {
+				t.Logf("agent on %s:\n%s", members[i].Name, log)
+			}
+			f.Close()
+		})
+	}
+	for i := range members {
+		startAgent(i)
+	}
+
 	// Boxes minted by claudebox on each member land there (`new --target` that member, and
 	// the default placement: the member claudebox runs on) and are bound in that member's kernel; the
 	// other members' checks and inits leave them alone. A --target that is another member,
@@ -177,48 +207,67 @@ func TestClusterStack(t *testing.T) {
 	if out, err := run(2, "new", "--name", b3, "--container", "--image", img, "--target", members[2].Name); err != nil {
 		t.Fatalf("new --target m3 on m3: %v\n%s", err, out)
 	}
-	// Clones across members: b2 lives on m2; a clone of it and one of its snapshot are
-	// minted on m3 (the default placement: no --target).
+	// Clones across members: b2 lives on m2; a clone of it is minted from m3 where Incus
+	// places it (no --target), one of its snapshot on m3. A box minted from m2 with --target
+	// m1 lands on m1. Each is bound on its member by that member's agent (the checks below).
 	if out, err := run(2, "new", "--name", clone+"r", "--from", b2); err != nil {
 		t.Fatalf("new --from %s on m3: %v\n%s", b2, err, out)
 	}
 	if out, err := run(1, "snapshot", b2, "s1"); err != nil {
 		t.Fatalf("snapshot %s on m2: %v\n%s", b2, err, out)
 	}
-	if out, err := run(2, "new", "--name", clone, "--from", b2+"/s1"); err != nil {
+	if out, err := run(2, "new", "--name", clone, "--from", b2+"/s1", "--target", members[2].Name); err != nil {
 		t.Fatalf("new --from %s/s1 on m3: %v\n%s", b2, err, out)
 	}
-	for _, bad := range [][]string{{"--target", members[0].Name}, {"--target", "nosuch"}} {
-		args := append([]string{"new", "--name", c.Run + "-x", "--container", "--image", img}, bad...)
-		out, err := run(1, args...)
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-			t.Errorf("new %v on m2: %v, want exit 2\n%s", bad, err, out)
+	x1 := c.Run + "-x1"
+	if out, err := run(1, "new", "--name", x1, "--container", "--image", img, "--target", members[0].Name); err != nil {
+		t.Fatalf("new --target m1 on m2: %v\n%s", err, out)
+	}
+	if out, err := run(1, "new", "--name", c.Run+"-x", "--container", "--image", img, "--target", "nosuch"); !strings.Contains(out, "no such cluster member") {
+		t.Errorf("new --target nosuch on m2: %v, want refused\n%s", err, out)
+	} else if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("new --target nosuch on m2: %v, want exit 2", err)
+	}
+	// A box on another member is started, and restored while running, from here: its
+	// member's agent binds it, and the verb waits for that. (Before the agent, `start` of b2
+	// from m1 left m2's check with b2's fdb pin and port rp_filter drifted: the verb was
+	// refused.) An exposure is made on the box's member only: it listens on that loopback.
+	m2Clean := func(what string) {
+		t.Helper()
+		if out, err := run(1, "host", "check"); err != nil {
+			t.Errorf("host check on m2 after %s: %v\n%s", what, err, out)
 		}
 	}
-	// A box is started, restored running or exposed only on its own member: from another
-	// one it would run with its port's pin, rp_filter and guard missing (measured before this
-	// refusal: `start` of b2 from m1 left m2's check with b2's fdb pin and port rp_filter
-	// drifted). Refused with exit 2, nothing changed.
 	if out, err := run(1, "stop", b2); err != nil {
 		t.Fatalf("stop %s on m2: %v\n%s", b2, err, out)
 	}
-	for _, args := range [][]string{{"start", b2}, {"expose", b2, "8080"}} {
-		out, err := run(0, args...)
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run the same command on "+members[1].Name) {
-			t.Errorf("%v on m1 of a box on m2: %v, want exit 2 naming m2\n%s", args, err, out)
-		}
+	out, err := run(0, "expose", b2, "8080")
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "run the same command on "+members[1].Name) {
+		t.Errorf("expose on m1 of a box on m2: %v, want exit 2 naming m2\n%s", err, out)
 	}
 	if in, _, err := c.Client(0).Instance(ctx, b2); err != nil || in.Status != "Stopped" || len(boxcore.Exposures(in.Devices)) != 0 {
-		t.Errorf("%s after the refused start and expose: %s, exposures %v (%v), want Stopped with none", b2, in.Status, boxcore.Exposures(in.Devices), err)
+		t.Errorf("%s after the refused expose: %s, exposures %v (%v), want Stopped with none", b2, in.Status, boxcore.Exposures(in.Devices), err)
 	}
-	if out, err := run(1, "start", b2); err != nil {
-		t.Fatalf("start %s on m2: %v\n%s", b2, err, out)
+	if out, err := run(0, "start", b2); err != nil {
+		t.Fatalf("start %s (on m2) from m1: %v\n%s", b2, err, out)
 	}
-	if out, err := run(0, "restore", b2, "s1", "--force"); !strings.Contains(out, "run the same command on "+members[1].Name) {
-		t.Errorf("restore of running %s from m1: %v, want refused naming m2\n%s", b2, err, out)
+	m2Clean("start of " + b2 + " from m1")
+	if out, err := run(0, "restore", b2, "s1", "--force"); err != nil {
+		t.Errorf("restore of running %s (on m2) from m1: %v\n%s", b2, err, out)
 	}
+	m2Clean("restore of running " + b2 + " from m1")
+	// With no agent on m3, a box sent there is not left running unbound: new fails (exit
+	// 1) naming the member and what to run there, and removes the box.
+	stopAgent(agents[2])
+	x3 := c.Run + "-x3"
+	out, err = run(0, "new", "--name", x3, "--container", "--image", img, "--target", members[2].Name)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "no claudebox agent there bound its port") {
+		t.Errorf("new --target m3 from m1 with no agent on m3: %v, want exit 1 saying so\n%s", err, out)
+	}
+	if _, _, err := c.Client(0).Instance(ctx, x3); !errors.Is(err, incus.ErrNotFound) {
+		t.Errorf("%s after its failed new: %v, want no such instance", x3, err)
+	}
+	startAgent(2)
 	// Each member's loopback is its own: one port exposed on two members is no clash.
 	for i, box := range []string{b1, b3} {
 		if out, err := run(i*2, "expose", box, "18080"); err != nil {
@@ -250,7 +299,13 @@ func TestClusterStack(t *testing.T) {
 	if _, err := c.API(ctx, 0, http.MethodGet, "/1.0/instances?recursion=1", nil, &all); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{b1: members[0].Name, b2: members[1].Name, b3: members[2].Name, clone: members[2].Name, clone + "r": members[2].Name, imported: members[2].Name}
+	want := map[string]string{b1: members[0].Name, b2: members[1].Name, b3: members[2].Name, clone: members[2].Name, imported: members[2].Name, x1: members[0].Name}
+	for _, in := range all {
+		if in.Name == clone+"r" { // where Incus placed it
+			want[in.Name] = in.Location
+			t.Logf("Incus placed %s on %s", in.Name, in.Location)
+		}
+	}
 	for _, in := range all {
 		if want[in.Name] != in.Location || in.Status != "Running" {
 			t.Errorf("%s: %s on %q, want Running on %q (and no other instance)", in.Name, in.Status, in.Location, want[in.Name])
@@ -354,7 +409,7 @@ func TestClusterStack(t *testing.T) {
 	for _, h := range holes {
 		args = append(args, "--hole", h)
 	}
-	out, err := run(0, args...)
+	out, err = run(0, args...)
 	if err != nil {
 		t.Errorf("drill --self-test on m1: %v\n%s", err, tailLines(out, 60))
 	}
@@ -389,6 +444,14 @@ func TestClusterStack(t *testing.T) {
 	if err == nil || !strings.Contains(out, "member m3: network "+stack.Network+",readable through Incus,unreadable") ||
 		!strings.Contains(out, "member m2: bridge "+stack.Network+" state,up,up") {
 		t.Errorf("host check on m1 with m3 down: %v, want m3 unreadable (drift) and m2 read\n%s", err, out)
+	}
+}
+
+// stopAgent ends an agent as its unit's stop does (SIGTERM), once.
+func stopAgent(cmd *exec.Cmd) {
+	if cmd.ProcessState == nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
 	}
 }
 

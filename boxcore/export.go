@@ -219,8 +219,9 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 		return nil, err
 	}
 
-	// On a cluster the box lands on this member, as `new` places it: its port is bound here.
-	target, err := bs.placement(ctx, "")
+	// On a cluster the box lands on this member: the archive was read here, and its port is
+	// bound here.
+	target, err := bs.placement(ctx, "", true)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +257,7 @@ func (bs *Boxes) importBox(ctx context.Context, file string, o ImportOptions) (*
 	if err := bs.setExposures(ctx, name, nil); err != nil {
 		return nil, m.fail(ctx, "preparing", err)
 	}
-	bound, err := m.start(ctx)
+	bound, err := m.start(ctx, target)
 	if err != nil {
 		return nil, err
 	}

@@ -68,9 +68,11 @@ type NewOptions struct {
 	// Type, when set ("container" or "virtual-machine"), is the type the user asked for
 	// explicitly; a clone of a source of the other type is refused.
 	Type string
-	// Target is the cluster member to mint on; on a cluster the default is the member this
-	// daemon is. Only that member: the box's port binding is its member's kernel's.
+	// Target is the cluster member to mint on; the default is Incus's placement (or this
+	// member, with Here). On another member its agent binds the box's port: `new` waits
+	// for that (AgentBindWait) and fails, removing the box, when no agent did.
 	Target string
+	Here   bool
 }
 
 // MintTimings splits a mint's wall time.
@@ -106,7 +108,7 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	defer unlock()
 
 	m := &minting{bs: bs, o: o, token: randomToken()}
-	target, err := bs.placement(ctx, o.Target)
+	target, err := bs.placement(ctx, o.Target, o.Here)
 	if err != nil {
 		return nil, err
 	}
@@ -122,12 +124,16 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err := m.createInstance(ctx, req); err != nil {
 		return nil, err
 	}
-	bound, err := m.start(ctx)
+	at, err := m.location(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	bound, err := m.start(ctx, at)
 	if err != nil {
 		return nil, err
 	}
 	// The box as we made it; no need to ask the daemon what it just told us.
-	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: req.Config, Profiles: req.Profiles, Devices: req.Devices}}
+	box := &Box{Name: o.Name, Instance: incus.Instance{Name: o.Name, Type: req.Type, Status: "Running", Config: req.Config, Profiles: req.Profiles, Devices: req.Devices, Location: at}}
 	launched := time.Now()
 	if o.Timings != nil {
 		o.Timings.Launch = launched.Sub(started)
@@ -373,13 +379,23 @@ func (m *minting) createFailed(ctx context.Context, err error) error {
 // first boot's wait, and firstBoot waits for its outcome on the returned channel. (Binding
 // while the start was still under way made a start fail once in a purged CI run: LXC's
 // pre-start hook timed out after 30 s while the bind read the starting instance's state.)
-func (m *minting) start(ctx context.Context) (<-chan error, error) {
-	m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
+func (m *minting) start(ctx context.Context, at string) (<-chan error, error) {
+	elsewhere, err := m.bs.startedElsewhere(ctx, at)
+	if err != nil {
+		return nil, m.fail(ctx, "starting", err)
+	}
+	if elsewhere != "" {
+		m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name + " on cluster member " + elsewhere})
+	} else {
+		m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})
+	}
 	// The start is awaited even when ctx ends meanwhile (a start takes a second): the
 	// instance is then removed from a known state rather than mid-start.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-	m.bs.clearStalePort(m.o.Name)
-	err := m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
+	if elsewhere == "" {
+		m.bs.clearStalePort(m.o.Name)
+	}
+	err = m.bs.Client.SetState(sctx, m.o.Name, "start", false, 0)
 	scancel()
 	if err != nil {
 		return nil, m.fail(ctx, "starting", fmt.Errorf("new: starting %s: %w", m.o.Name, err))
@@ -388,8 +404,28 @@ func (m *minting) start(ctx context.Context) (<-chan error, error) {
 		return nil, m.fail(ctx, "starting", ctx.Err())
 	}
 	bound := make(chan error, 1)
-	go func() { bound <- m.bs.bindPorts(ctx) }()
+	if elsewhere != "" {
+		go func() { bound <- m.bs.awaitBound(ctx, m.o.Name, elsewhere) }()
+	} else {
+		go func() { bound <- m.bs.bindPorts(ctx) }()
+	}
 	return bound, nil
+}
+
+// location is the member the new instance landed on: target when one was asked for, else
+// where Incus placed it ("" on a standalone daemon).
+func (m *minting) location(ctx context.Context, target string) (string, error) {
+	if target != "" || m.bs.Client.Remote() != "local" {
+		return target, nil
+	}
+	if local, err := localMember(ctx, m.bs.Client); err != nil || local == "" {
+		return "", err
+	}
+	in, _, err := m.bs.Client.Instance(ctx, m.o.Name)
+	if err != nil {
+		return "", m.fail(ctx, "creating", fmt.Errorf("new: reading where %s was placed: %w", m.o.Name, err))
+	}
+	return in.Location, nil
 }
 
 // firstBoot waits for cloud-init when asked to, and for the port's binding. A failed first

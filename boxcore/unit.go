@@ -17,8 +17,10 @@ const BootBinary = "/usr/local/libexec/claudebox/claudebox"
 // bootBinary is BootBinary, moved by tests.
 var bootBinary = BootBinary
 
-// The boot unit re-applies the firewall: nftables rules live in the kernel and die with it,
-// while Incus restores its own network, ACL and profile by itself.
+// The boot unit runs the agent (agent.go): it re-applies the firewall — nftables rules live
+// in the kernel and die with it, while Incus restores its own network, ACL and profile by
+// itself — then binds every box that starts here (Incus's autostart, another cluster
+// member's start) until the host stops. It is restarted whenever it ends.
 type unitPlan struct {
 	path    string
 	content []byte
@@ -35,17 +37,18 @@ func systemdQuote(s string) string {
 	return `"` + r.Replace(s) + `"`
 }
 
-// UnitContent renders the oneshot unit for a binary path and stack.
+// UnitContent renders the boot unit for a binary path and stack.
 func UnitContent(exe string, s Stack) []byte {
 	return []byte(fmt.Sprintf(`[Unit]
-Description=claudebox firewall for %[2]s (box-to-box and box-to-host drops)
+Description=claudebox firewall and port binding for %[2]s (box-to-box and box-to-host drops)
 After=incus.service incus.socket network-online.target
 Wants=incus.service
 
 [Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=%[1]s host firewall --network %[3]s
+Type=simple
+ExecStart=%[1]s host agent --network %[3]s
+Restart=always
+RestartSec=2
 
 [Install]
 WantedBy=multi-user.target

@@ -190,19 +190,40 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
 	}
-	if err := bs.requireHere(ctx, b, "start"); err != nil {
-		return err
-	}
 	if bs.Warn != nil {
 		if w := bs.MemoryBudgetWarning(ctx, b.Name, LimitsOf(b.Instance).Memory); w != "" {
 			bs.Warn(w)
 		}
 	}
-	bs.clearStalePort(b.Name)
-	if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {
+	return bs.startBound(ctx, b.Name, b.Instance.Location)
+}
+
+// startBound starts a stopped box and returns once its port is bound: here by binding it,
+// on another cluster member (at) by waiting for that member's agent. A box the agent did not
+// bind in time is stopped again: it does not run with its port's layers missing.
+func (bs *Boxes) startBound(ctx context.Context, name, at string) error {
+	elsewhere, err := bs.startedElsewhere(ctx, at)
+	if err != nil {
 		return err
 	}
-	return bs.bindPorts(ctx)
+	if elsewhere == "" {
+		bs.clearStalePort(name)
+	}
+	if err := bs.Client.SetState(ctx, name, "start", false, 0); err != nil {
+		return err
+	}
+	if elsewhere == "" {
+		return bs.bindPorts(ctx)
+	}
+	if err := bs.awaitBound(ctx, name, elsewhere); err != nil {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if kerr := bs.kill(kctx, name); kerr != nil {
+			return fmt.Errorf("%w (and stopping it again: %v)", err, kerr)
+		}
+		return fmt.Errorf("%w; stopped it again", err)
+	}
+	return nil
 }
 
 // kill stops a running box at once (restore and rm discard its state anyway); one that
@@ -260,11 +281,6 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 	}
 	running := in.Status != "Stopped"
 	if running {
-		if err := bs.requireHere(ctx, b, "restore"); err != nil {
-			return err // it would restart on its member with layers missing
-		}
-	}
-	if running {
 		if err := bs.kill(ctx, b.Name); err != nil {
 			return err
 		}
@@ -276,12 +292,9 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 		return err
 	}
 	if running {
-		bs.clearStalePort(b.Name)
-		if err := bs.Client.SetState(ctx, b.Name, "start", false, 0); err != nil {
-			return err
-		}
+		// The restarted box's port is a new one; the guard follows the exposures.
+		return bs.startBound(ctx, b.Name, in.Location)
 	}
-	// The restarted box's port is a new one; the guard follows the exposures.
 	return bs.bindPorts(ctx)
 }
 

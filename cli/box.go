@@ -34,7 +34,7 @@ func boxCommands() []Command {
 				&cli.Int64Flag{Name: "processes", Usage: "process limit of a container (limits.processes; default sized from the host's pid_max)"},
 				&cli.StringFlag{Name: "disk", Usage: "root disk size, e.g. 20GiB"},
 				&cli.StringFlag{Name: "from", Usage: "clone a box or one of its snapshots: SRC or SRC/SNAP"},
-				&cli.StringFlag{Name: "target", Usage: "on an Incus cluster: the member to mint on — the one claudebox runs on (the default), since it binds the box's port in its own kernel"},
+				&cli.StringFlag{Name: "target", Usage: "on an Incus cluster: the member to mint on (default: Incus's placement); a box on another member is bound there by its claudebox agent, and new waits for that"},
 				&cli.BoolFlag{Name: "keep-failed", Usage: "keep a box whose first boot failed, to look inside"},
 				&cli.BoolFlag{Name: "no-bake", Usage: "run the template's first boot even when 'templates bake' made a bake of it"},
 				&cli.BoolFlag{Name: "verbose", Usage: "print how long launch, cloud-init and the Claude install took"},

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -56,11 +57,7 @@ func hostCommands() []Command {
 			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
 			Flags:    []cli.Flag{&cli.StringFlag{Name: "network", Usage: "the bridge (default: the stack's)"}},
 			Action: func(c *Ctx) error {
-				s := c.Env.Stack
-				if n := c.String("network"); n != "" {
-					s.Network = n
-				}
-				changed, err := boxcore.NewHost(c.Client, s).ApplyFirewall(c.Context.Context)
+				changed, err := boxcore.NewHost(c.Client, flagStack(c)).ApplyFirewall(c.Context.Context)
 				if err != nil {
 					return err
 				}
@@ -68,7 +65,30 @@ func hostCommands() []Command {
 				return nil
 			},
 		},
+		{
+			Name:     "host agent",
+			Examples: []string{"sudo claudebox host agent"},
+			Synopsis: "[--network NAME]",
+			Summary:  "apply the firewall, then bind every box that starts on this host until stopped (what the boot unit runs)",
+			Pre:      []Precondition{NeedsArgs, NeedsRoot, NeedsDaemon},
+			Flags:    []cli.Flag{&cli.StringFlag{Name: "network", Usage: "the bridge (default: the stack's)"}},
+			Action: func(c *Ctx) error {
+				a := &boxcore.Agent{Client: c.Client, Stack: flagStack(c), Log: func(format string, args ...any) {
+					c.Warn("%s "+format, append([]any{time.Now().UTC().Format(time.RFC3339)}, args...)...)
+				}}
+				return a.Run(c.Context.Context)
+			},
+		},
 	}
+}
+
+// flagStack is the stack with the bridge --network names (the boot unit's verbs).
+func flagStack(c *Ctx) boxcore.Stack {
+	s := c.Env.Stack
+	if n := c.String("network"); n != "" {
+		s.Network = n
+	}
+	return s
 }
 
 // lockHost takes the host lock for a verb that changes the stack (init, teardown): a drill

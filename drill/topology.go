@@ -132,7 +132,7 @@ func (e *engine) mint(ctx context.Context, names []string) ([]*Box, error) {
 			if !e.o.VM && name == e.networkBoxNames()[0] {
 				maps.Copy(cfg, nestingConfig()) // the nested container's box (nested.go)
 			}
-			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image, Config: cfg})
+			_, err := bs.New(ctx, boxcore.NewOptions{Name: name, VM: e.o.VM, Image: e.image, Config: cfg, Here: true})
 			<-sem
 			if err != nil {
 				errs[i] = fmt.Errorf("minting %s: %w", name, err)
