@@ -1,6 +1,7 @@
 package boxcore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -172,7 +173,7 @@ func (a *Agent) binder(ctx context.Context, local string, poke chan struct{}) {
 // bindRound binds every running box's port (after a drill's seeded holes: it waits for the
 // network's lock, as every verb that binds does), then acknowledges on a cluster.
 func (a *Agent) bindRound(ctx context.Context, local string) ([]string, error) {
-	unlock, err := LockNetwork(ctx, a.Stack.Network)
+	unlock, err := a.lockNetwork(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -202,6 +203,23 @@ func (a *Agent) bindRound(ctx context.Context, local string) ([]string, error) {
 		a.logf("agent: bound %s (%s)", n.Box, n.Binding)
 	}
 	return acked, errors.Join(errs...)
+}
+
+// lockNetwork takes the network's lock however long a drill holds it (saying so once): the
+// starts that come meanwhile are bound when it ends.
+func (a *Agent) lockNetwork(ctx context.Context) (func(), error) {
+	said := false
+	for {
+		unlock, err := LockNetwork(ctx, a.Stack.Network)
+		var held *HostLockedError
+		if !errors.As(err, &held) {
+			return unlock, err
+		}
+		if !said {
+			a.logf("agent: waiting for %s (held by %s: a drill or host init); binding when it is free", held.Path, cmp.Or(held.Holder, "another process"))
+			said = true
+		}
+	}
 }
 
 // ack writes TagBound on a box, unless it started again since the bind read it (its new port

@@ -101,6 +101,21 @@ func TestAgent(t *testing.T) {
 		nicOf(t, c, box)
 		awaitNoDrift("after " + step.what)
 	}
+	// While the network's lock is held (a drill with a seeded hole open) the agent binds
+	// nothing: a restart then stays unbound until the lock is free, and is bound right after.
+	unlock, err := boxcore.LockNetwork(ctx, s.Network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	nicOf(t, c, box)
+	time.Sleep(time.Second)
+	if d := portDrift(); len(d) == 0 {
+		t.Errorf("the agent bound a restarted box while the network's lock was held (a drill's hole would be undone)")
+	}
+	unlock()
+	awaitNoDrift("after the lock was released")
+
 	// On a standalone daemon the agent acknowledges nothing on the box (TagBound is a
 	// cluster's): the box's config is as claudebox made it.
 	if in, _, err := c.Instance(ctx, box); err != nil || in.Config[boxcore.TagBound] != "" {
@@ -119,7 +134,7 @@ func TestAgent(t *testing.T) {
 	// An agent for a stack that is not there says so and ends.
 	missing := s
 	missing.Network = "cbt-none-" + testenv.RunID()
-	err := (&boxcore.Agent{Client: c, Stack: missing}).Run(ctx)
+	err = (&boxcore.Agent{Client: c, Stack: missing}).Run(ctx)
 	var sm *boxcore.StackMissingError
 	if !errors.As(err, &sm) {
 		t.Errorf("agent on a missing network: %v, want a StackMissingError", err)
