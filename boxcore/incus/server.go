@@ -114,3 +114,48 @@ func (c *Client) createOnMember(ctx context.Context, collection, member string, 
 	_, err := c.call(ctx, http.MethodPost, memberPath(collection, member), body, nil)
 	return err
 }
+
+// MemberConfig returns one cluster member's own config (user.*, scheduler.*).
+func (c *Client) MemberConfig(ctx context.Context, member string) (map[string]string, error) {
+	var m struct {
+		Config map[string]string `json:"config"`
+	}
+	if _, err := c.get(ctx, "/1.0/cluster/members/"+esc(member), &m); err != nil {
+		return nil, err
+	}
+	return m.Config, nil
+}
+
+// SetMemberConfig sets one key of a cluster member's config, or removes it when value is "".
+// The member is read and written back whole (PUT with its ETag, again when someone changed
+// it meanwhile).
+func (c *Client) SetMemberConfig(ctx context.Context, member, key, value string) error {
+	path := "/1.0/cluster/members/" + esc(member)
+	var err error
+	for range 3 {
+		var m map[string]any
+		etag, gerr := c.get(ctx, path, &m)
+		if gerr != nil {
+			return gerr
+		}
+		cfg, _ := m["config"].(map[string]any)
+		if cfg == nil {
+			cfg = map[string]any{}
+		}
+		if value == "" {
+			delete(cfg, key)
+		} else {
+			cfg[key] = value
+		}
+		put := map[string]any{"config": cfg}
+		for _, k := range []string{"description", "roles", "failure_domain", "groups"} {
+			if v, ok := m[k]; ok {
+				put[k] = v
+			}
+		}
+		if _, err = c.call(ctx, http.MethodPut, path, put, &reqOpts{etag: etag}); err == nil || !IsPreconditionFailed(err) {
+			return err
+		}
+	}
+	return err
+}
