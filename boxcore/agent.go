@@ -67,7 +67,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := NewHost(a.Client, a.Stack).ApplyFirewall(ctx); err != nil {
+	// The firewall, as the boot unit always applied it; under the network's lock, so that an
+	// agent (re)started during a drill does not undo its seeded hole.
+	unlock, err := a.lockNetwork(ctx)
+	if err == nil {
+		_, err = NewHost(a.Client, a.Stack).ApplyFirewall(ctx)
+		unlock()
+	}
+	if err != nil {
 		events.Close()
 		return err
 	}
@@ -85,57 +92,102 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	kick() // the boxes already running: acknowledged, and anything started meanwhile bound
 	done := make(chan struct{})
-	go func() { defer close(done); a.binder(ctx, local, poke) }()
+	go func() { defer close(done); a.binder(ctx, poke) }()
 	defer func() { <-done }()
+	if local != "" {
+		beat := make(chan struct{})
+		go func() { defer close(beat); a.heartbeat(ctx, local) }()
+		defer func() { <-beat }()
+	}
+	// A round now and then bounds whatever no event announced (an event the daemon dropped).
+	sweep := time.NewTicker(AgentSweep)
+	defer sweep.Stop()
 	backoff := time.Second
 	for {
-		for e := range events.C {
-			backoff = time.Second
-			if a.startedHere(e, local) {
-				kick()
-			}
-		}
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
+			events.Close()
 			return nil
-		}
-		a.logf("agent: %v; subscribing again", events.Err())
-		for {
-			select {
-			case <-ctx.Done():
+		case <-sweep.C:
+			kick()
+		case e, ok := <-events.C:
+			if ok {
+				backoff = time.Second
+				if bindsOn(e) {
+					kick()
+				}
+				continue
+			}
+			if ctx.Err() != nil {
 				return nil
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, 30*time.Second)
-			if events, err = a.Client.Events(ctx, "lifecycle"); err == nil {
-				break
+			a.logf("agent: %v; subscribing again", events.Err())
+			for events = nil; events == nil; {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 10*time.Second)
+				if events, err = a.Client.Events(ctx, "lifecycle"); err != nil {
+					a.logf("agent: %v", err)
+				}
 			}
-			a.logf("agent: %v", err)
+			kick()
 		}
-		kick()
 	}
 }
 
-// startedHere: a lifecycle event of an instance starting on this member (every member's
-// events reach a cluster member's subscribers).
-func (a *Agent) startedHere(e incus.Event, local string) bool {
+// AgentSweep is how often the agent binds with no event asking.
+const AgentSweep = time.Minute
+
+// bindsOn: a lifecycle event after which a port may need binding (a start, on any member:
+// the round binds this member's, and a box may have moved here) or a binding may be stale.
+func bindsOn(e incus.Event) bool {
 	l, ok := e.Lifecycle()
 	if !ok || l.Instance() == "" {
 		return false
 	}
-	if local != "" && e.Location != local {
-		return false
-	}
 	switch l.Action {
-	case "instance-started", "instance-restarted", "instance-resumed":
-		return true
-	case "instance-deleted": // its binding is stale: dropped (it would only block more)
+	case "instance-started", "instance-restarted", "instance-resumed", "instance-migrated",
+		"instance-updated", "instance-renamed", "instance-restored", "instance-deleted":
 		return true
 	}
 	return false
 }
 
+// AgentKey is the cluster member config key an agent's heartbeat goes in (one per network:
+// one agent per stack).
+func AgentKey(network string) string { return "user.claudebox.agent." + network }
+
+// AgentBeat is how often the heartbeat is written; AgentFresh how old it may be for `new`
+// and `start` to send a box to that member (clocks of members may differ a little).
+const (
+	AgentBeat  = 20 * time.Second
+	AgentFresh = 90 * time.Second
+)
+
+// heartbeat writes the time into the member's config every AgentBeat, and removes it when
+// the agent ends: `new` and `start` on other members send a box here only while it is fresh.
+func (a *Agent) heartbeat(ctx context.Context, member string) {
+	key := AgentKey(a.Stack.Network)
+	for {
+		if err := a.Client.SetMemberConfig(ctx, member, key, time.Now().UTC().Format(time.RFC3339)); err != nil && ctx.Err() == nil {
+			a.logf("agent: heartbeat: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = a.Client.SetMemberConfig(dctx, member, key, "")
+			return
+		case <-time.After(AgentBeat):
+		}
+	}
+}
+
 // binder runs one bind round per poke (pokes that come while one runs make one more).
-func (a *Agent) binder(ctx context.Context, local string, poke chan struct{}) {
+func (a *Agent) binder(ctx context.Context, poke chan struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -147,7 +199,7 @@ func (a *Agent) binder(ctx context.Context, local string, poke chan struct{}) {
 			return
 		case <-time.After(a.Settle):
 		}
-		acked, err := a.bindRound(ctx, local)
+		acked, err := a.bindRound(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -171,24 +223,31 @@ func (a *Agent) binder(ctx context.Context, local string, poke chan struct{}) {
 }
 
 // bindRound binds every running box's port (after a drill's seeded holes: it waits for the
-// network's lock, as every verb that binds does), then acknowledges on a cluster.
-func (a *Agent) bindRound(ctx context.Context, local string) ([]string, error) {
+// network's lock, as every verb that binds does), then acknowledges on a cluster what it
+// bound — also when one port alone could not be pinned (it went or moved mid-round: a box
+// rebooting from inside), which the next round tries again.
+func (a *Agent) bindRound(ctx context.Context) ([]string, error) {
+	local, err := localMember(ctx, a.Client) // read each round: a member can be renamed
+	if err != nil {
+		return nil, err
+	}
 	unlock, err := a.lockNetwork(ctx)
 	if err != nil {
 		return nil, err
 	}
-	st, err := NewHost(a.Client, a.Stack).bindPorts(ctx)
+	st, bindErr := NewHost(a.Client, a.Stack).bindPorts(ctx)
 	unlock()
-	if err != nil {
-		return nil, err
+	if st == nil || local == "" {
+		return nil, bindErr
 	}
-	if local == "" {
-		return nil, nil
+	failed := unpinned(bindErr)
+	if bindErr != nil && len(failed) == 0 {
+		return nil, bindErr // the firewall itself: nothing is known bound
 	}
 	var acked []string
-	var errs []error
+	errs := []error{bindErr}
 	for _, n := range st.NICs {
-		if n.Problem != "" || !n.Tagged || n.Device != "eth0" {
+		if n.Problem != "" || !n.Tagged || n.Device != "eth0" || failed[n.Binding.Port] {
 			continue
 		}
 		mark := boundMark(local, n.Started)
@@ -275,13 +334,34 @@ func (bs *Boxes) awaitBound(ctx context.Context, box, member string) error {
 	}
 }
 
-// AgentMissingError: a box started on another member, and nothing bound its port there.
+// agentReady checks that member's agent reported within AgentFresh (its heartbeat), before a
+// box is started there: with no agent, the box would run with its port unbound.
+func (bs *Boxes) agentReady(ctx context.Context, box, member string) error {
+	cfg, err := bs.Client.MemberConfig(ctx, member)
+	if err != nil {
+		return fmt.Errorf("reading cluster member %s: %w", member, err)
+	}
+	seen := cfg[AgentKey(bs.Stack.Network)]
+	if t, err := time.Parse(time.RFC3339, seen); err == nil && time.Since(t) < AgentFresh {
+		return nil
+	}
+	return &AgentMissingError{Box: box, Member: member, Seen: cmp.Or(seen, "never")}
+}
+
+// AgentMissingError: a box was to start on another member, and no claudebox agent runs there
+// (Seen: its last heartbeat), or none bound the box within Wait of its start.
 type AgentMissingError struct {
 	Box, Member string
+	Seen        string
 	Wait        time.Duration
 }
 
 func (e *AgentMissingError) Error() string {
-	return fmt.Sprintf("%s runs on cluster member %s, and no claudebox agent there bound its port within %s (none runs there, or it waits for a drill on %s to end): run 'sudo claudebox host init' on %s (its boot unit runs the agent, 'claudebox host agent')",
-		e.Box, e.Member, e.Wait, e.Member, e.Member)
+	fix := fmt.Sprintf("run 'sudo claudebox host init' on %s (its boot unit runs the agent, 'claudebox host agent')", e.Member)
+	if e.Wait > 0 {
+		return fmt.Sprintf("%s runs on cluster member %s, and no claudebox agent there bound its port within %s (it stopped, or it waits for a drill on %s to end): %s",
+			e.Box, e.Member, e.Wait, e.Member, fix)
+	}
+	return fmt.Sprintf("%s would start on cluster member %s, where no claudebox agent runs to bind its port (its last heartbeat: %s): %s, or choose another member with --target",
+		e.Box, e.Member, e.Seen, fix)
 }

@@ -66,7 +66,18 @@ func TestAgent(t *testing.T) {
 		default:
 		}
 	}}
+	// Started while the network's lock is held (a drill with a seeded hole open: a unit
+	// restart can come at any time), the agent applies nothing until the lock is free.
+	held, err := boxcore.LockNetwork(ctx, s.Network)
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() { ran <- a.Run(actx) }()
+	time.Sleep(1500 * time.Millisecond)
+	if d := portDrift(); len(d) == 0 {
+		t.Errorf("the agent applied the firewall at its start while the network's lock was held")
+	}
+	held()
 	// At its start the agent applies the firewall and binds what runs: the drift is repaired.
 	awaitNoDrift := func(what string) {
 		t.Helper()

@@ -307,7 +307,7 @@ func (h *Host) bindPorts(ctx context.Context) (*StackState, error) {
 		return nil, fmt.Errorf("reading port bindings: %w", err)
 	}
 	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
-		return nil, fmt.Errorf("binding ports: %w", err)
+		return st, fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
 	return st, nil
 }

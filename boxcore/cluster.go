@@ -198,9 +198,9 @@ func onMember(in incus.Instance, member string) bool {
 	return member == "" || in.Location == member
 }
 
-// requireHere refuses a verb that would expose a box living on another cluster member, or
-// restore it while it runs: an exposure listens on its member's loopback and is guarded in
-// that kernel, so it is made there. Nothing is changed.
+// requireHere refuses a verb that would expose a box living on another cluster member: an
+// exposure listens on its member's loopback and is guarded in that kernel, so it is made
+// there. Nothing is changed.
 func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
 	at := b.Instance.Location
 	if at == "" || at == "none" || bs.Client.Remote() != "local" {

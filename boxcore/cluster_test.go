@@ -256,18 +256,35 @@ func TestClusterStack(t *testing.T) {
 		t.Errorf("restore of running %s (on m2) from m1: %v\n%s", b2, err, out)
 	}
 	m2Clean("restore of running " + b2 + " from m1")
-	// With no agent on m3, a box sent there is not left running unbound: new fails (exit
-	// 1) naming the member and what to run there, and removes the box.
+	// Each agent's heartbeat is in its member's config; one that ended removed its own.
+	// With no agent on m3, a box sent there is never started: new fails (exit 1) naming
+	// the member and what to run there, and removes the box; a start is refused the same way.
+	if cfg, err := c.Client(0).MemberConfig(ctx, members[1].Name); err != nil || cfg[boxcore.AgentKey(stack.Network)] == "" {
+		t.Errorf("m2's config %v (%v): no heartbeat of its agent", cfg, err)
+	}
 	stopAgent(agents[2])
+	if cfg, err := c.Client(0).MemberConfig(ctx, members[2].Name); err != nil || cfg[boxcore.AgentKey(stack.Network)] != "" {
+		t.Errorf("m3's config %v (%v): its stopped agent's heartbeat is still there", cfg, err)
+	}
 	x3 := c.Run + "-x3"
 	out, err = run(0, "new", "--name", x3, "--container", "--image", img, "--target", members[2].Name)
-	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "no claudebox agent there bound its port") {
-		t.Errorf("new --target m3 from m1 with no agent on m3: %v, want exit 1 saying so\n%s", err, out)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "where no claudebox agent runs to bind its port") {
+		t.Errorf("new --target m3 from m1 with no agent on m3: %v, want exit 1 saying so before any start\n%s", err, out)
+	}
+	if out, err := run(2, "stop", b3); err != nil {
+		t.Fatalf("stop %s on m3: %v\n%s", b3, err, out)
+	}
+	out, err = run(0, "start", b3)
+	if in, _, ierr := c.Client(0).Instance(ctx, b3); err == nil || !strings.Contains(out, "where no claudebox agent runs") || ierr != nil || in.Status != "Stopped" {
+		t.Errorf("start of %s (on m3) from m1 with no agent on m3: %v, %s (%v), want refused and the box stopped\n%s", b3, err, in.Status, ierr, out)
 	}
 	if _, _, err := c.Client(0).Instance(ctx, x3); !errors.Is(err, incus.ErrNotFound) {
 		t.Errorf("%s after its failed new: %v, want no such instance", x3, err)
 	}
 	startAgent(2)
+	if out, err := run(2, "start", b3); err != nil {
+		t.Fatalf("start %s on m3: %v\n%s", b3, err, out)
+	}
 	// Each member's loopback is its own: one port exposed on two members is no clash.
 	for i, box := range []string{b1, b3} {
 		if out, err := run(i*2, "expose", box, "18080"); err != nil {

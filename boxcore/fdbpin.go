@@ -188,34 +188,77 @@ func (k Kernel) PinFDB(bridge string, bs []firewall.PortBinding) (changed bool, 
 	if err != nil {
 		return false, err
 	}
+	// Each port on its own: a port that moved or went (a box rebooting from inside, over and
+	// over) is an error of its own, and every other port is still pinned.
+	var errs []error
 	for _, b := range bs {
-		l, err := netlink.LinkByName(b.Port)
-		if err != nil && linkGone(err) {
-			continue // its box stopped meanwhile: nothing to pin
-		}
+		c, err := k.pinPort(bridge, fdb, b)
+		changed = changed || c
 		if err != nil {
-			return changed, fmt.Errorf("port %s: %w", b.Port, err)
+			errs = append(errs, &PortPinError{Port: b.Port, Err: err})
 		}
-		if !onBridge(l, bridge) {
-			return changed, fmt.Errorf("port %s is not on bridge %s", b.Port, bridge)
+	}
+	return changed, errors.Join(errs...)
+}
+
+// PortPinError: one port could not be pinned (the others were).
+type PortPinError struct {
+	Port string
+	Err  error
+}
+
+func (e *PortPinError) Error() string { return e.Err.Error() }
+func (e *PortPinError) Unwrap() error { return e.Err }
+
+// unpinned is the ports err names as not pinned (PortPinError, also joined or wrapped).
+func unpinned(err error) map[string]bool {
+	out := map[string]bool{}
+	var walk func(error)
+	walk = func(err error) {
+		var pe *PortPinError
+		if errors.As(err, &pe) {
+			out[pe.Port] = true
 		}
-		pinned := slices.ContainsFunc(fdb, func(e fdbEntry) bool {
-			return e.index == l.Attrs().Index && e.n.HardwareAddr.String() == b.MAC.String() && e.static() && e.sticky()
-		})
-		if !pinned {
-			changed = true
-			if err := netlink.NeighSet(pinNeigh(l.Attrs().Index, b.MAC)); err != nil && !linkMissing(b.Port) {
-				return changed, fmt.Errorf("pinning %s on %s: %w", b.MAC, b.Port, err)
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
 			}
+		} else if u := errors.Unwrap(err); u != nil {
+			walk(u)
 		}
-		if k.PortLearning(b.Port) != "off" {
-			changed = true
-			if err := netlink.LinkSetLearning(l, false); err != nil {
-				return changed, fmt.Errorf("learning off on %s: %w", b.Port, err)
-			}
-			if err := netlink.LinkSetFlood(l, false); err != nil {
-				return changed, fmt.Errorf("unicast flood off on %s: %w", b.Port, err)
-			}
+	}
+	walk(err)
+	return out
+}
+
+// pinPort pins one port's MAC and switches its learning and unicast flood off.
+func (k Kernel) pinPort(bridge string, fdb []fdbEntry, b firewall.PortBinding) (changed bool, err error) {
+	l, err := netlink.LinkByName(b.Port)
+	if err != nil && linkGone(err) {
+		return false, nil // its box stopped meanwhile: nothing to pin
+	}
+	if err != nil {
+		return false, fmt.Errorf("port %s: %w", b.Port, err)
+	}
+	if !onBridge(l, bridge) {
+		return false, fmt.Errorf("port %s is not on bridge %s", b.Port, bridge)
+	}
+	pinned := slices.ContainsFunc(fdb, func(e fdbEntry) bool {
+		return e.index == l.Attrs().Index && e.n.HardwareAddr.String() == b.MAC.String() && e.static() && e.sticky()
+	})
+	if !pinned {
+		changed = true
+		if err := netlink.NeighSet(pinNeigh(l.Attrs().Index, b.MAC)); err != nil && !linkMissing(b.Port) {
+			return changed, fmt.Errorf("pinning %s on %s: %w", b.MAC, b.Port, err)
+		}
+	}
+	if k.PortLearning(b.Port) != "off" {
+		changed = true
+		if err := netlink.LinkSetLearning(l, false); err != nil {
+			return changed, fmt.Errorf("learning off on %s: %w", b.Port, err)
+		}
+		if err := netlink.LinkSetFlood(l, false); err != nil {
+			return changed, fmt.Errorf("unicast flood off on %s: %w", b.Port, err)
 		}
 	}
 	return changed, nil

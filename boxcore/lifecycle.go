@@ -385,6 +385,9 @@ func (m *minting) start(ctx context.Context, at string) (<-chan error, error) {
 		return nil, m.fail(ctx, "starting", err)
 	}
 	if elsewhere != "" {
+		if err := m.bs.agentReady(ctx, m.o.Name, elsewhere); err != nil {
+			return nil, m.fail(ctx, "starting", fmt.Errorf("new: %w", err)) // removed, never started
+		}
 		m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name + " on cluster member " + elsewhere})
 	} else {
 		m.progress(Progress{Stage: "start", Percent: -1, Text: "starting " + m.o.Name})

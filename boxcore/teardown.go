@@ -144,7 +144,16 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 			subnet = sn
 		}
 	}
-	done, err := h.detachBoxes(ctx, p.Boxes)
+	// The boot unit first: its agent binds on every box event, and a round that read the
+	// network before it went could apply the tables again after they went.
+	var done []Change
+	if removed, err := h.removeUnit(); err != nil {
+		return done, err
+	} else if removed {
+		done = append(done, Change{"systemd " + s.Unit, "remove"})
+	}
+	more, err := h.detachBoxes(ctx, p.Boxes)
+	done = append(done, more...)
 	if err != nil {
 		return done, err
 	}
@@ -176,11 +185,6 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 	// Tables of a stack whose network is already gone still go.
 	if removed, err := firewall.Remove(s.Network); err == nil && removed {
 		done = append(done, TeardownStep{DeleteTables, s.Network}.Change())
-	}
-	if removed, err := h.removeUnit(); err != nil {
-		return done, err
-	} else if removed {
-		done = append(done, Change{"systemd " + s.Unit, "remove"})
 	}
 	return done, nil
 }

@@ -43,6 +43,7 @@ func UnitContent(exe string, s Stack) []byte {
 Description=claudebox firewall and port binding for %[2]s (box-to-box and box-to-host drops)
 After=incus.service incus.socket network-online.target
 Wants=incus.service
+StartLimitIntervalSec=0
 
 [Service]
 Type=simple

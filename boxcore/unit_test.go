@@ -35,7 +35,7 @@ func TestBootUnitPlan(t *testing.T) {
 	if strings.Contains(c, exe) {
 		t.Errorf("unit runs %s, the binary that ran init:\n%s", exe, c)
 	}
-	for _, w := range []string{"Type=simple", "Restart=always", "After=incus.service", `ExecStart="` + bin + `" host agent --network "claudenet"`, "WantedBy=multi-user.target"} {
+	for _, w := range []string{"Type=simple", "Restart=always", "StartLimitIntervalSec=0", "After=incus.service", `ExecStart="` + bin + `" host agent --network "claudenet"`, "WantedBy=multi-user.target"} {
 		if !strings.Contains(c, w) {
 			t.Errorf("unit lacks %q:\n%s", w, c)
 		}

@@ -208,12 +208,18 @@ func (bs *Boxes) startBound(ctx context.Context, name, at string) error {
 	}
 	if elsewhere == "" {
 		bs.clearStalePort(name)
+	} else if err := bs.agentReady(ctx, name, elsewhere); err != nil {
+		return err // nothing started
 	}
-	if err := bs.Client.SetState(ctx, name, "start", false, 0); err != nil {
+	// The start and the bind are not cut short by an interrupt: a box Incus is starting
+	// is bound (or, elsewhere, stopped again) rather than left running unbound.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	if err := bs.Client.SetState(sctx, name, "start", false, 0); err != nil {
 		return err
 	}
 	if elsewhere == "" {
-		return bs.bindPorts(ctx)
+		return bs.bindPorts(sctx)
 	}
 	if err := bs.awaitBound(ctx, name, elsewhere); err != nil {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -281,6 +287,13 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 	}
 	running := in.Status != "Stopped"
 	if running {
+		if elsewhere, err := bs.startedElsewhere(ctx, in.Location); err != nil {
+			return err
+		} else if elsewhere != "" {
+			if err := bs.agentReady(ctx, b.Name, elsewhere); err != nil {
+				return err // it could not be started again there: nothing is changed
+			}
+		}
 		if err := bs.kill(ctx, b.Name); err != nil {
 			return err
 		}

@@ -1,0 +1,55 @@
+package boxcore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/claudebox/claudebox/boxcore/incus"
+)
+
+// A round whose pins failed for some ports names exactly those, through the wrapping and
+// joining of applyL2 and PinFDB: the agent acknowledges every other port.
+func TestUnpinned(t *testing.T) {
+	err := fmt.Errorf("binding ports: %w", fmt.Errorf("fdb pin: %w", errors.Join(
+		&PortPinError{Port: "cbxa", Err: errors.New("port cbxa is not on bridge b")},
+		&PortPinError{Port: "cbxb", Err: errors.New("gone")})))
+	if got := slices.Sorted(maps.Keys(unpinned(err))); !slices.Equal(got, []string{"cbxa", "cbxb"}) {
+		t.Errorf("unpinned: %v, want cbxa and cbxb", got)
+	}
+	if got := unpinned(errors.New("nft: apply failed")); len(got) != 0 {
+		t.Errorf("a firewall error names ports %v", got)
+	}
+	if got := unpinned(nil); len(got) != 0 {
+		t.Errorf("no error names ports %v", got)
+	}
+}
+
+// The events a bind round follows: starts (and what moves or renames a box, or drops a
+// binding) of any instance, not the agent's own heartbeat or other objects.
+func TestBindsOn(t *testing.T) {
+	ev := func(typ, action, source string) incus.Event {
+		meta, _ := json.Marshal(map[string]string{"action": action, "source": source})
+		return incus.Event{Type: typ, Metadata: meta}
+	}
+	for _, c := range []struct {
+		e    incus.Event
+		want bool
+	}{
+		{ev("lifecycle", "instance-started", "/1.0/instances/a"), true},
+		{ev("lifecycle", "instance-restarted", "/1.0/instances/a"), true},
+		{ev("lifecycle", "instance-migrated", "/1.0/instances/a"), true},
+		{ev("lifecycle", "instance-deleted", "/1.0/instances/a"), true},
+		{ev("lifecycle", "instance-exec", "/1.0/instances/a"), false},
+		{ev("lifecycle", "cluster-member-updated", "/1.0/cluster/members/m1"), false},
+		{ev("lifecycle", "network-updated", "/1.0/networks/claudenet"), false},
+		{ev("operation", "instance-started", "/1.0/instances/a"), false},
+	} {
+		if got := bindsOn(c.e); got != c.want {
+			t.Errorf("bindsOn(%s): %v, want %v", c.e.Metadata, got, c.want)
+		}
+	}
+}
