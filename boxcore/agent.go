@@ -342,7 +342,7 @@ func (bs *Boxes) agentReady(ctx context.Context, box, member string) error {
 		return fmt.Errorf("reading cluster member %s: %w", member, err)
 	}
 	seen := cfg[AgentKey(bs.Stack.Network)]
-	if t, err := time.Parse(time.RFC3339, seen); err == nil && time.Since(t) < AgentFresh {
+	if agentSeen(seen, time.Now()) == agentFresh {
 		return nil
 	}
 	return &AgentMissingError{Box: box, Member: member, Seen: cmp.Or(seen, "never")}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
@@ -50,6 +51,21 @@ func TestBindsOn(t *testing.T) {
 	} {
 		if got := bindsOn(c.e); got != c.want {
 			t.Errorf("bindsOn(%s): %v, want %v", c.e.Metadata, got, c.want)
+		}
+	}
+}
+
+// A heartbeat is fresh for AgentFresh; older, missing or unreadable, the row says which.
+func TestAgentSeen(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct{ beat, want string }{
+		{now.Add(-10 * time.Second).Format(time.RFC3339), agentFresh},
+		{now.Add(-AgentFresh - time.Second).Format(time.RFC3339), "last heartbeat 2026-12-05T11:58:29Z, 1m31s ago"},
+		{"", "none (no agent runs there or it stopped)"},
+		{"soon", `unreadable heartbeat "soon"`},
+	} {
+		if got := agentSeen(c.beat, now); got != c.want {
+			t.Errorf("agentSeen(%q): %q, want %q", c.beat, got, c.want)
 		}
 	}
 }

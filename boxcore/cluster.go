@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 )
@@ -75,12 +77,26 @@ func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) err
 	if local == "" {
 		return nil // a standalone daemon
 	}
-	members, err := memberNames(ctx, h.Client)
+	ms, err := h.Client.ClusterMembers(ctx)
 	if err != nil {
 		return err
 	}
+	var members []string
+	for _, m := range ms {
+		members = append(members, m.Name)
+	}
 	c.note("cluster", "member "+local, "this member: the kernel readings above are its own")
 	c.add("cluster", "member "+local+": network "+h.Stack.Network+" keys of its own", "none", keyList(st.MemberKeys))
+	// Every member's agent, by the heartbeat it keeps in its member's config: without one,
+	// a box started there (by Incus's placement, from any member, at boot) runs unbound.
+	for _, m := range ms {
+		row := "member " + m.Name + ": claudebox agent (network " + h.Stack.Network + ")"
+		if m.Name == local {
+			c.add("cluster", row, agentFresh, agentSeen(m.Config[AgentKey(h.Stack.Network)], time.Now()))
+		} else {
+			c.addOn(m.Name, "cluster", row, agentFresh, agentSeen(m.Config[AgentKey(h.Stack.Network)], time.Now()))
+		}
+	}
 	if st.Network == nil {
 		return nil
 	}
@@ -97,6 +113,23 @@ func (h *Host) checkCluster(ctx context.Context, c *checker, st *StackState) err
 			"kernel state not readable from "+local+": run 'claudebox host check' on "+m)
 	}
 	return nil
+}
+
+// agentFresh is what an agent row expects: a heartbeat younger than AgentFresh.
+var agentFresh = "a heartbeat within the last " + AgentFresh.String()
+
+// agentSeen is an agent row's reading of a heartbeat (agentFresh when it is fresh).
+func agentSeen(beat string, now time.Time) string {
+	t, err := time.Parse(time.RFC3339, beat)
+	switch {
+	case beat == "":
+		return "none (no agent runs there or it stopped)"
+	case err != nil:
+		return "unreadable heartbeat " + strconv.Quote(beat)
+	case now.Sub(t) < AgentFresh:
+		return agentFresh
+	}
+	return "last heartbeat " + beat + ", " + now.Sub(t).Round(time.Second).String() + " ago"
 }
 
 // checkMember is checkCluster's reading of one other member through its daemon.

@@ -142,6 +142,43 @@ func TestClusterStack(t *testing.T) {
 	if netw.Status != "Created" || len(netw.Locations) != len(members) {
 		t.Errorf("network %s: status %s on %v, want Created on all %d members", stack.Network, netw.Status, netw.Locations, len(members))
 	}
+	// The boot unit's agent on every member, run as the unit runs it (no systemd here): it
+	// binds every box that starts on its member, whoever started it from where.
+	agents := make([]*exec.Cmd, len(members))
+	startAgent := func(i int) {
+		t.Helper()
+		f, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := c.Command(ctx, i, bin, "host", "agent")
+		cmd.Env = append(cmd.Env, "CLAUDEBOX_STACK="+stack.Network)
+		cmd.Stdout, cmd.Stderr = f, f
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("agent on %s: %v", members[i].Name, err)
+		}
+		agents[i] = cmd
+		// Up once its heartbeat is in its member's config (after its first firewall apply).
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if cfg, err := c.Client(0).MemberConfig(ctx, members[i].Name); err == nil && cfg[boxcore.AgentKey(stack.Network)] != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent on %s: no heartbeat within 30 s", members[i].Name)
+			}
+		}
+		t.Cleanup(func() {
+			stopAgent(cmd)
+			if log, _ := os.ReadFile(f.Name()); testing.Verbose() {
+				t.Logf("agent on %s:\n%s", members[i].Name, log)
+			}
+			f.Close()
+		})
+	}
+	for i := range members {
+		startAgent(i)
+	}
+
 	checkAll := func(drifted int) {
 		t.Helper()
 		for i, m := range members {
@@ -160,34 +197,6 @@ func TestClusterStack(t *testing.T) {
 		}
 	}
 	checkAll(-1)
-
-	// The boot unit's agent on every member, run as the unit runs it (no systemd here): it
-	// binds every box that starts on its member, whoever started it from where.
-	agents := make([]*exec.Cmd, len(members))
-	startAgent := func(i int) {
-		t.Helper()
-		f, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := c.Command(ctx, i, bin, "host", "agent")
-		cmd.Env = append(cmd.Env, "CLAUDEBOX_STACK="+stack.Network)
-		cmd.Stdout, cmd.Stderr = f, f
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("agent on %s: %v", members[i].Name, err)
-		}
-		agents[i] = cmd
-		t.Cleanup(func() {
-			stopAgent(cmd)
-			if log, _ := os.ReadFile(f.Name()); testing.Verbose() {
-				t.Logf("agent on %s:\n%s", members[i].Name, log)
-			}
-			f.Close()
-		})
-	}
-	for i := range members {
-		startAgent(i)
-	}
 
 	// Boxes minted by claudebox on each member land there (`new --target` that member, and
 	// the default placement: the member claudebox runs on) and are bound in that member's kernel; the
@@ -265,6 +274,10 @@ func TestClusterStack(t *testing.T) {
 	stopAgent(agents[2])
 	if cfg, err := c.Client(0).MemberConfig(ctx, members[2].Name); err != nil || cfg[boxcore.AgentKey(stack.Network)] != "" {
 		t.Errorf("m3's config %v (%v): its stopped agent's heartbeat is still there", cfg, err)
+	}
+	agentRow := "member m3: claudebox agent (network " + stack.Network + "),a heartbeat within the last 1m30s,none"
+	if out, err := run(0, "host", "check", "--format", "csv"); err == nil || !strings.Contains(out, agentRow) {
+		t.Errorf("host check on m1 with m3's agent stopped: %v, want drift %q\n%s", err, agentRow, out)
 	}
 	x3 := c.Run + "-x3"
 	out, err = run(0, "new", "--name", x3, "--container", "--image", img, "--target", members[2].Name)

@@ -88,8 +88,9 @@ func (s Server) HasExtension(name string) bool {
 
 // ClusterMember is one member as GET /1.0/cluster/members?recursion=1 gives it.
 type ClusterMember struct {
-	Name string `json:"server_name"`
-	URL  string `json:"url"` // https://ADDRESS:PORT, the member's cluster address
+	Name   string            `json:"server_name"`
+	URL    string            `json:"url"` // https://ADDRESS:PORT, the member's cluster address
+	Config map[string]string `json:"config"`
 }
 
 // ClusterMembers returns the cluster's members by name, with their addresses (none on a
