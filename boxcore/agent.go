@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
@@ -43,6 +44,17 @@ type Agent struct {
 	Settle time.Duration
 	// Bound, when set, is called after every bind round with the boxes it acknowledged (tests).
 	Bound func(acked []string)
+
+	local atomic.Pointer[string] // this member's name as the last round read it
+}
+
+// member is this member's name as the last round read it ("" before the first, and on a
+// standalone daemon).
+func (a *Agent) member() string {
+	if p := a.local.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 func (a *Agent) logf(format string, args ...any) {
@@ -113,7 +125,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case e, ok := <-events.C:
 			if ok {
 				backoff = time.Second
-				if bindsOn(e) {
+				if bindsOn(e, a.member()) {
 					kick()
 				}
 				continue
@@ -141,16 +153,19 @@ func (a *Agent) Run(ctx context.Context) error {
 // AgentSweep is how often the agent binds with no event asking.
 const AgentSweep = time.Minute
 
-// bindsOn: a lifecycle event after which a port may need binding (a start, on any member:
-// the round binds this member's, and a box may have moved here) or a binding may be stale.
-func bindsOn(e incus.Event) bool {
+// bindsOn: a lifecycle event after which a port on this member may need binding (a start,
+// a box moved or renamed here, a restore) or a binding may be stale (a deletion). Other
+// members' events are theirs: a round per event on every member would make every member's
+// agent busy with the whole cluster's starts. (An update — a NIC added to a running box — is
+// left to the next sweep: each acknowledgement is an update too.)
+func bindsOn(e incus.Event, local string) bool {
 	l, ok := e.Lifecycle()
-	if !ok || l.Instance() == "" {
+	if !ok || l.Instance() == "" || (local != "" && e.Location != "" && e.Location != local) {
 		return false
 	}
 	switch l.Action {
 	case "instance-started", "instance-restarted", "instance-resumed", "instance-migrated",
-		"instance-updated", "instance-renamed", "instance-restored", "instance-deleted":
+		"instance-renamed", "instance-restored", "instance-deleted":
 		return true
 	}
 	return false
@@ -231,6 +246,7 @@ func (a *Agent) bindRound(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.local.Store(&local)
 	unlock, err := a.lockNetwork(ctx)
 	if err != nil {
 		return nil, err

@@ -30,11 +30,12 @@ func TestUnpinned(t *testing.T) {
 }
 
 // The events a bind round follows: starts (and what moves or renames a box, or drops a
-// binding) of any instance, not the agent's own heartbeat or other objects.
+// binding) of any instance on this member; not other members', not updates (each
+// acknowledgement is one), not the agent's own heartbeat or other objects.
 func TestBindsOn(t *testing.T) {
 	ev := func(typ, action, source string) incus.Event {
 		meta, _ := json.Marshal(map[string]string{"action": action, "source": source})
-		return incus.Event{Type: typ, Metadata: meta}
+		return incus.Event{Type: typ, Metadata: meta, Location: "m1"}
 	}
 	for _, c := range []struct {
 		e    incus.Event
@@ -44,13 +45,20 @@ func TestBindsOn(t *testing.T) {
 		{ev("lifecycle", "instance-restarted", "/1.0/instances/a"), true},
 		{ev("lifecycle", "instance-migrated", "/1.0/instances/a"), true},
 		{ev("lifecycle", "instance-deleted", "/1.0/instances/a"), true},
+		{ev("lifecycle", "instance-updated", "/1.0/instances/a"), false},
 		{ev("lifecycle", "instance-exec", "/1.0/instances/a"), false},
 		{ev("lifecycle", "cluster-member-updated", "/1.0/cluster/members/m1"), false},
 		{ev("lifecycle", "network-updated", "/1.0/networks/claudenet"), false},
 		{ev("operation", "instance-started", "/1.0/instances/a"), false},
 	} {
-		if got := bindsOn(c.e); got != c.want {
+		if got := bindsOn(c.e, "m1"); got != c.want {
 			t.Errorf("bindsOn(%s): %v, want %v", c.e.Metadata, got, c.want)
+		}
+		if got := bindsOn(c.e, ""); got != c.want { // standalone: every event is here
+			t.Errorf("bindsOn(%s) standalone: %v, want %v", c.e.Metadata, got, c.want)
+		}
+		if bindsOn(c.e, "m2") {
+			t.Errorf("bindsOn(%s) on m2: an event of m1 binds", c.e.Metadata)
 		}
 	}
 }
