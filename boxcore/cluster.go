@@ -235,12 +235,8 @@ func onMember(in incus.Instance, member string) bool {
 // exposure listens on its member's loopback and is guarded in that kernel, so it is made
 // there. Nothing is changed.
 func (bs *Boxes) requireHere(ctx context.Context, b *Box, verb string) error {
-	at := b.Instance.Location
-	if at == "" || at == "none" || bs.Client.Remote() != "local" {
-		return nil
-	}
-	local, err := localMember(ctx, bs.Client)
-	if err != nil || local == "" || local == at {
+	at, err := bs.startedElsewhere(ctx, b.Instance.Location)
+	if err != nil || at == "" {
 		return err
 	}
 	return Usagef("%s %s: the box lives on cluster member %s, and claudebox guards a box's exposures in the kernel it runs in: run the same command on %s", verb, b.Name, at, at)
