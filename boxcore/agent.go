@@ -251,7 +251,7 @@ func (a *Agent) bindRound(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, bindErr := NewHost(a.Client, a.Stack).bindPorts(ctx)
+	st, bindErr := NewHost(a.Client, a.Stack).bindPorts(ctx, time.Time{})
 	unlock()
 	if st == nil || local == "" {
 		return nil, bindErr

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // A round whose pins failed for some ports names exactly those, through the wrapping and
@@ -75,5 +76,36 @@ func TestAgentSeen(t *testing.T) {
 		if got := agentSeen(c.beat, now); got != c.want {
 			t.Errorf("agentSeen(%q): %q, want %q", c.beat, got, c.want)
 		}
+	}
+}
+
+// A verb fails on its own box's port pin only: a sibling's port that could not be pinned
+// this moment is the sibling's verb's (a purged CI run had a new fail on one); an error of
+// the firewall itself is everyone's.
+func TestOwnBindError(t *testing.T) {
+	st := &StackState{NICs: []NICBinding{
+		{Box: "a", Device: "eth0", Binding: firewall.PortBinding{Port: "cbxa"}},
+		{Box: "b", Device: "eth0", Binding: firewall.PortBinding{Port: "cbxb"}},
+	}}
+	pinB := fmt.Errorf("binding ports: %w", fmt.Errorf("fdb pin: %w", errors.Join(
+		&PortPinError{Port: "cbxb", Err: errors.New("port cbxb is not on bridge n")})))
+	if err := ownBindError(st, "a", pinB); err != nil {
+		t.Errorf("a's verb, b's pin failed: %v, want nil", err)
+	}
+	if err := ownBindError(st, "", pinB); err != nil {
+		t.Errorf("rm's round, b's pin failed: %v, want nil", err)
+	}
+	if err := ownBindError(st, "b", pinB); err == nil || !errors.Is(err, pinB) {
+		t.Errorf("b's verb, b's pin failed: %v, want an error wrapping it", err)
+	}
+	nft := errors.New("binding ports: nft: apply failed")
+	if err := ownBindError(st, "a", nft); err != nft {
+		t.Errorf("a firewall error: %v, want it as it is", err)
+	}
+	if err := ownBindError(nil, "a", pinB); err != pinB {
+		t.Errorf("no state read: %v, want the error as it is", err)
+	}
+	if err := ownBindError(st, "a", nil); err != nil {
+		t.Errorf("no error: %v", err)
 	}
 }

@@ -184,7 +184,7 @@ func (bs *Boxes) Expose(ctx context.Context, b *Box, port uint16, on netip.AddrP
 		return Exposure{}, fmt.Errorf("expose %s: %w", b.Name, err)
 	}
 	// The guard's second layer for it (the proxy listens on loopback itself already).
-	if err := bs.bindPorts(ctx); err != nil {
+	if err := bs.bindPorts(ctx, b.Name); err != nil {
 		return e, fmt.Errorf("expose %s: the guard's rule for %s: %w", b.Name, on, err)
 	}
 	return e, nil
@@ -206,7 +206,7 @@ func (bs *Boxes) Unexpose(ctx context.Context, b *Box, port uint16) error {
 			if err := bs.Client.UpdateInstance(ctx, b.Name, put, etag); err != nil {
 				return fmt.Errorf("unexpose %s: %w", b.Name, err)
 			}
-			return bs.bindPorts(ctx)
+			return bs.bindPorts(ctx, b.Name)
 		}
 	}
 	return Usagef("unexpose %s: port %d is not exposed (see 'claudebox info %s')", b.Name, port, b.Name)

@@ -1,6 +1,7 @@
 package boxcore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -410,7 +411,7 @@ func (m *minting) start(ctx context.Context, at string) (<-chan error, error) {
 	if elsewhere != "" {
 		go func() { bound <- m.bs.awaitBound(ctx, m.o.Name, elsewhere) }()
 	} else {
-		go func() { bound <- m.bs.bindPorts(ctx) }()
+		go func() { bound <- m.bs.bindPorts(ctx, m.o.Name) }()
 	}
 	return bound, nil
 }
@@ -767,21 +768,65 @@ func randomToken() string {
 // anti-spoofing layer beside Incus's NIC filtering). Incus gives a box a new veth on every
 // start, so every verb that starts one calls it. On a remote daemon the kernel is not ours:
 // that host's own `claudebox host init` (and its boot unit) binds its boxes.
-func (bs *Boxes) bindPorts(ctx context.Context) error {
+//
+// box is the box the verb is about ("" for none: rm). A port of another box that cannot be
+// pinned this moment (a sibling's veth not yet on the bridge, or one rebooting itself) is
+// that box's verb's error or the agent's next round, not this verb's: a purged CI run had a
+// `new` fail on a sibling's port.
+func (bs *Boxes) bindPorts(ctx context.Context, box string) error {
 	if bs.Client.Remote() != "local" {
 		return nil
 	}
 	if os.Geteuid() != 0 {
 		return ErrBindNeedsRoot // before the network's lock, which needs root too
 	}
+	since := time.Now() // the verb's change is made: a round that reads after now includes it
 	if !bs.HostLocked {
 		// A drill holds its network's lock while it has layers switched off: a re-apply now
 		// would undo its seeded hole. Wait for it.
-		unlock, err := LockNetwork(ctx, bs.Stack.Network)
+		unlock, err := bs.lockNetwork(ctx)
 		if err != nil {
 			return err
 		}
 		defer unlock()
 	}
-	return NewHost(bs.Client, bs.Stack).BindPorts(ctx)
+	st, err := NewHost(bs.Client, bs.Stack).bindPorts(ctx, since)
+	return ownBindError(st, box, err)
+}
+
+// ownBindError is what of a bind round's err is box's: all of it unless every failure is a
+// port pin (st then says which box each port is), else the pins of box's own ports.
+func ownBindError(st *StackState, box string, err error) error {
+	failed := unpinned(err)
+	if err == nil || st == nil || len(failed) == 0 {
+		return err
+	}
+	var own []string
+	for _, n := range st.NICs {
+		if box != "" && n.Box == box && failed[n.Binding.Port] {
+			own = append(own, n.Device+" (port "+n.Binding.Port+")")
+		}
+	}
+	if len(own) > 0 {
+		return fmt.Errorf("%s %s could not be pinned: %w", box, strings.Join(own, ", "), err)
+	}
+	return nil
+}
+
+// verbLockWait is how long a box verb waits for its network's lock: a drill holds it for its
+// whole run (a minute or two), and eight verbs binding at once queue behind each other.
+const verbLockWait = 5 * time.Minute
+
+// lockNetwork takes the network's lock for a verb, saying so (Warn) when it has to wait.
+func (bs *Boxes) lockNetwork(ctx context.Context) (func(), error) {
+	path := netLockPath(bs.Stack.Network)
+	unlock, err := lockFile(ctx, path, 2*time.Second)
+	var held *HostLockedError
+	if !errors.As(err, &held) {
+		return unlock, err
+	}
+	if bs.Warn != nil {
+		bs.Warn(fmt.Sprintf("waiting for %s (held by %s: a drill, host init or other boxes binding)", path, cmp.Or(held.Holder, "another process")))
+	}
+	return lockFile(ctx, path, verbLockWait)
 }

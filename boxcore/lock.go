@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -31,7 +32,8 @@ func perDaemon(path string) string {
 		return path
 	}
 	sum := sha256.Sum256([]byte(sock))
-	return strings.TrimSuffix(path, ".lock") + "-" + hex.EncodeToString(sum[:6]) + ".lock"
+	ext := filepath.Ext(path)
+	return strings.TrimSuffix(path, ext) + "-" + hex.EncodeToString(sum[:6]) + ext
 }
 
 // HostLockWait is how long LockHost waits for another holder.
@@ -65,7 +67,13 @@ func LockHost(ctx context.Context) (unlock func(), err error) {
 // never re-applies a stack in the middle of a seeded hole — while boxes of other stacks (test
 // stacks) bind theirs undisturbed.
 func LockNetwork(ctx context.Context, network string) (unlock func(), err error) {
-	return lockFile(ctx, "/run/claudebox-net-"+network+".lock", HostLockWait)
+	return lockFile(ctx, netLockPath(network), HostLockWait)
+}
+
+// netLockPath is the lock file of network's lock (one for every daemon on the machine: the
+// test cluster's members share it, as they share one /run).
+func netLockPath(network string) string {
+	return "/run/claudebox-net-" + network + ".lock"
 }
 
 func lockFile(ctx context.Context, path string, wait time.Duration) (func(), error) {

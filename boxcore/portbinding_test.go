@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/internal/testenv"
@@ -185,5 +186,41 @@ func TestPortBinding(t *testing.T) {
 	}
 	if r := mustCheck(t, h); !r.OK {
 		t.Fatalf("check after re-binding drifts: %v", driftItems(r))
+	}
+}
+
+// Box verbs binding at once share rounds: a round that read Incus after a verb's change and
+// bound every port stands for that verb's round; one that read before it does not, and a
+// change to the stack's kernel state (a drill's hole, an apply) voids every earlier round.
+func TestBindRoundsCoalesce(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	s := teststack.New(t, c, "coalesce")
+	h := boxcore.NewHost(c, s)
+	round := func(since time.Time, want bool, when string) {
+		t.Helper()
+		ran, err := boxcore.BindRound(ctx, h, since)
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if ran != want {
+			t.Errorf("%s: round ran=%v, want %v", when, ran, want)
+		}
+	}
+	before := time.Now()
+	round(before, true, "first round")
+	round(before, false, "a change made before the last full round read")
+	round(time.Now(), true, "a change made after it")
+	restore, err := h.SwitchOff(ctx, []boxcore.Layer{boxcore.LayerPortBinding}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	round(before, true, "after a hole was switched on")
+	if err := restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	round(before, true, "after the hole's restore")
+	if r := mustCheck(t, h); !r.OK {
+		t.Errorf("after the rounds: drift %v", driftItems(r))
 	}
 }

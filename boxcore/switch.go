@@ -31,6 +31,7 @@ func (h *Host) SwitchOff(ctx context.Context, layers []Layer, boxes []string) (r
 	if st.Network == nil || st.Gateway == nil {
 		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
+	forgetFullBind(h.Stack.Network)
 	sw := &switcher{h: h, st: st, saved: maps.Clone(st.Network.Config), cfg: maps.Clone(st.Network.Config), layers: layers}
 	for _, p := range st.portsOf(boxes) {
 		sw.ports = append(sw.ports, p.Name)
@@ -240,6 +241,7 @@ func (sw *switcher) restore(ctx context.Context) error {
 			restoreSysctl(sw.st.BridgeNF6, h.Kernel.SetBridgeNFCallIP6Tables))
 	}
 	if sw.nftChanged {
+		forgetFullBind(h.Stack.Network) // back to the state SwitchOff read, not to the last round's
 		if _, err := firewall.Apply(h.FirewallSpec(sw.st)); err != nil {
 			errs = append(errs, err)
 		}

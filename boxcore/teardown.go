@@ -167,6 +167,7 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 		case DeleteACL:
 			err = h.Client.DeleteNetworkACL(ctx, step.Name)
 		case DeleteTables:
+			forgetFullBind(step.Name)
 			_, err = firewall.Remove(step.Name)
 		default:
 			err = fmt.Errorf("unknown teardown step %d", step.Kind)
@@ -183,6 +184,7 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 		done = append(done, Change{"route unreachable " + subnet.String(), "remove"})
 	}
 	// Tables of a stack whose network is already gone still go.
+	forgetFullBind(s.Network)
 	if removed, err := firewall.Remove(s.Network); err == nil && removed {
 		done = append(done, TeardownStep{DeleteTables, s.Network}.Change())
 	}

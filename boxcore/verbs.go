@@ -219,7 +219,7 @@ func (bs *Boxes) startBound(ctx context.Context, name, at string) error {
 		return err
 	}
 	if elsewhere == "" {
-		return bs.bindPorts(sctx)
+		return bs.bindPorts(sctx, name)
 	}
 	if err := bs.awaitBound(ctx, name, elsewhere); err != nil {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -308,7 +308,7 @@ func (bs *Boxes) Restore(ctx context.Context, b *Box, snap string) error {
 		// The restarted box's port is a new one; the guard follows the exposures.
 		return bs.startBound(ctx, b.Name, in.Location)
 	}
-	return bs.bindPorts(ctx)
+	return bs.bindPorts(ctx, b.Name)
 }
 
 // Rename renames a stopped box.
@@ -345,7 +345,7 @@ func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
 	if err := bs.Client.DeleteInstance(ctx, b.Name); err != nil {
 		return err
 	}
-	if err := bs.bindPorts(ctx); err != nil && !errors.Is(err, ErrBindNeedsRoot) {
+	if err := bs.bindPorts(ctx, ""); err != nil && !errors.Is(err, ErrBindNeedsRoot) {
 		return fmt.Errorf("rm %s: the box is gone, but re-binding the ports: %w", b.Name, err)
 	}
 	return nil
