@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -132,13 +133,37 @@ func Build(binary []byte) (tarball []byte, hash string, err error) {
 	return buf.Bytes(), Hash(binary), nil
 }
 
-// BuildFile is Build for the binary at path.
+// BuildFile is Build for the binary at path, which must be linked statically: the image has
+// nothing else, so a binary that needs a loader fails to start as every box's init (lxc says
+// only that it could not exec /sbin/init).
 func BuildFile(path string) (tarball []byte, hash string, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, "", fmt.Errorf("scratch: reading the init binary: %w", err)
 	}
+	if interp := interpreter(b); interp != "" {
+		return nil, "", fmt.Errorf("scratch: %s is linked dynamically (it needs %s), and the probe image holds nothing but it: build it statically (CGO_ENABLED=0, as 'make build' does)", path, interp)
+	}
 	return Build(b)
+}
+
+// interpreter is the dynamic loader an ELF binary names ("" for a static one, or not ELF).
+func interpreter(b []byte) string {
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			raw := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(raw, 0); err == nil {
+				return strings.TrimRight(string(raw), "\x00")
+			}
+			return "a loader"
+		}
+	}
+	return ""
 }
 
 // Alias returns the image alias for a content hash: aliasPrefix-<first 16 hex digits>.

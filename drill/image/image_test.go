@@ -187,3 +187,15 @@ func TestPruneImages(t *testing.T) {
 		t.Fatalf("current image pruned: %v", err)
 	}
 }
+
+// A dynamically linked binary is refused before any image is made (every box would fail to
+// exec it as init); a static one is taken.
+func TestBuildFileRefusesDynamicBinaries(t *testing.T) {
+	if _, _, err := image.BuildFile("/bin/true"); err == nil || !strings.Contains(err.Error(), "linked dynamically") {
+		t.Errorf("BuildFile(/bin/true): %v, want a refusal naming dynamic linking", err)
+	}
+	static := testenv.BuildTestInit(t, testenv.Prefix("static"))
+	if _, _, err := image.BuildFile(static); err != nil {
+		t.Errorf("BuildFile(static test init): %v", err)
+	}
+}
