@@ -104,6 +104,8 @@ const (
 	kL2HostSYN     = "l2-host-syn"
 	kL2HostUDP     = "l2-host-udp"
 	kL2HostEcho    = "l2-host-echo"
+	kL2BoxPort     = "l2-box-port"
+	kL2NotBoxPort  = "l2-not-box-port"
 )
 
 // validatePorts checks the bindings: distinct ports, MACs and addresses, each
@@ -306,6 +308,20 @@ func l2RangeRules(s Spec) []Rule {
 				in, ip, ip4Op(16, expr.CmpOpEq, host32(net.IPv4bcast.To4())), ipFragment()),
 		)
 	}
+	// Only a box port speaks for the box subnet to the host. A frame claiming an address of
+	// it from any other port (a join to another member's bridge, where the same subnet's
+	// boxes live) would teach the host a box's address at that port's MAC, or have dnsmasq
+	// answer it as a box (found by the attacker). The box ports' frames end the chain here
+	// (their own rules above have judged them; the chain's policy accepts); what is left
+	// with a source in the subnet came from elsewhere.
+	for _, p := range s.Ports {
+		rules = append(rules, Rule{Table: bt, Family: FamilyBridge, Chain: InputChain, key: kL2BoxPort,
+			Why:   p.Port + ": a box port's frames are judged by its rules above",
+			exprs: cat(ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpEq, p.Port), []expr.Any{verdict(expr.VerdictReturn)})})
+	}
+	rules = append(rules,
+		mk(InputChain, kL2NotBoxPort, "IPv4 from the box subnet only from a box port", bridgeIPv4(12, n)),
+		mk(InputChain, kL2NotBoxPort, "ARP from the box subnet only from a box port", bridgeARP(14, n)))
 	for _, p := range s.Ports {
 		out := ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpEq, p.Port)
 		mac := []byte(p.MAC)

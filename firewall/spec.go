@@ -337,6 +337,16 @@ func Desired(s Spec) []Rule {
 			br("box→box ARP switched on the bridge, by sender address", cat(bridgeARP(14, n), drop)...),
 			br("box→box ARP switched on the bridge, by target address", cat(bridgeARP(24, n), drop)...),
 		)
+		// Without the bridge's name to match, the subnet rules miss what has no address of
+		// it: IPv6, other ethertypes, tagged frames, ARP of other ranges. Between two boxes
+		// port isolation holds those; between a box and a port that is no box's (a join to
+		// another member's bridge, an external interface) nothing did (found by the
+		// attacker). A box talks only to the host: nothing is switched to or from its port.
+		for _, p := range s.Ports {
+			rules = append(rules,
+				br(p.Port+": nothing switched from a box port to another port", cat(ifnameOp(expr.MetaKeyIIFNAME, expr.CmpOpEq, p.Port), drop)...),
+				br(p.Port+": nothing switched to a box port from another port", cat(ifnameOp(expr.MetaKeyOIFNAME, expr.CmpOpEq, p.Port), drop)...))
+		}
 	}
 	rules = append(rules, portRules(s)...)
 	rules = append(rules, l2RangeRules(s)...)
