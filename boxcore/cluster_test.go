@@ -433,8 +433,12 @@ func TestClusterStack(t *testing.T) {
 	// never leave un-NATed (onto the cluster network or anywhere) stay held with Incus's
 	// masquerade or the guard off. (Their combined hole is proven on a standalone host: on a
 	// member it also expects window/conntrack-in red, which stayed held there, twice.)
+	// And the rows at another member's box (its stand-in, behind a join of the bridges that
+	// only a hole makes): joined alone they hold, with the layers that hold them off too they
+	// turn red.
 	holes := []string{"wall removed", "ACL detached", "L2 ranges removed", "wall + ACL + L2 ranges off",
-		"ipv4.nat=false", "host input guard removed"}
+		"ipv4.nat=false", "host input guard removed", "bridges joined (another member's box on this bridge)",
+		"bridges joined + nft bridge drop + br_netfilter off", "bridges joined + NIC filtering + port binding + nft bridge drop off"}
 	args := []string{"drill", "--self-test", "--yes", "--record", t.TempDir() + "/RUNS.md"}
 	for _, h := range holes {
 		args = append(args, "--hole", h)
@@ -450,6 +454,11 @@ func TestClusterStack(t *testing.T) {
 	}
 	if i := strings.Index(out, "wall + ACL + L2 ranges off: as attributed"); i < 0 || !strings.Contains(out[i:], "cluster/") {
 		t.Errorf("wall + ACL + L2 ranges off did not turn the cluster rows red:\n%s", tailLines(out, 60))
+	}
+	for _, h := range holes[len(holes)-2:] {
+		if i := strings.Index(out, h+": as attributed"); i < 0 || !strings.Contains(strings.SplitN(out[i:], "seeded hole:", 2)[0], "member-box") {
+			t.Errorf("%s did not turn the rows at another member's box red:\n%s", h, tailLines(out, 60))
+		}
 	}
 	if !strings.Contains(out, "box→other cluster members") {
 		t.Errorf("no cluster rows in m1's drill:\n%s", tailLines(out, 60))

@@ -110,4 +110,4 @@ const (
 
 // ClaimOrder is the order claims are printed in.
 var ClaimOrder = []string{ClaimBoxBox, ClaimBoxBoxL2, ClaimBoxBoxName, ClaimHostNames, ClaimBoxHost,
-	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimCluster, ClaimIPv6, ClaimHostBox, ClaimExposure, ClaimNested, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimNAT, ClaimInternet, ClaimControl}
+	ClaimLAN, ClaimCGNAT, ClaimOtherNet, ClaimCluster, ClaimMemberBoxes, ClaimIPv6, ClaimHostBox, ClaimExposure, ClaimNested, ClaimWindow, ClaimSoak, ClaimSpoof, ClaimFrames, ClaimResolver, ClaimResources, ClaimNAT, ClaimInternet, ClaimControl}

@@ -74,6 +74,7 @@ type engine struct {
 	hostTCP    int
 	hostUDP    int
 	gateway    netip.Prefix
+	foreign    *ForeignBox // the stand-in for another member's box (members.go)
 	domain     string
 	hostNames  []string
 	hostAddrs  []netip.Addr
@@ -375,6 +376,9 @@ func (e *engine) topology() *Topology {
 	if e.hostFlow != nil {
 		t.HostFlow = e.hostFlow.local
 	}
+	if e.foreign != nil {
+		t.Foreign, t.ForeignMAC, t.ForeignIface = e.foreign.Addr, e.foreign.MAC, e.foreign.NSVeth
+	}
 	if e.decoy != nil {
 		t.Decoys, t.Public, t.PublicName = e.decoy.Targets, e.decoy.Public, e.decoy.PublicName
 		t.DecoyHostSide, t.Forged = e.decoy.LAN.HostAddr, e.decoy.Forged
@@ -489,6 +493,9 @@ func (e *engine) decoyUp(ctx context.Context) error {
 	for _, t := range d.Targets {
 		e.progress("  decoy %-26s %s", t.Range, t.Addr)
 	}
+	if err := e.foreignUp(ctx); err != nil {
+		return err
+	}
 	ls, err := probes.Serve(context.Background(), probes.ListenerConfig{TCP: []int{0}, UDP: []int{0}})
 	if err != nil {
 		return fmt.Errorf("host listener: %w", err)
@@ -572,6 +579,9 @@ func (e *engine) teardown(ctx context.Context) error {
 	}
 	if e.decoy != nil {
 		e.decoy.Down()
+	}
+	if e.foreign != nil {
+		e.foreign.Down()
 	}
 	// The wall is re-applied once the boxes are gone: an apply while they are being deleted
 	// would bind ports that vanish under it and leave their bindings stale.

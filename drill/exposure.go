@@ -30,7 +30,7 @@ const ClaimExposure = "an exposed port reaches this host's loopback only"
 const LayerExposeLoopback Layer = "exposure-loopback"
 
 // LabLayers are the layers the lab switches itself (no host state of the stack).
-var LabLayers = []Layer{LayerExposeLoopback}
+var LabLayers = []Layer{LayerExposeLoopback, LayerMembersApart}
 
 func isLabLayer(l Layer) bool { return isResourceLayer(l) || slices.Contains(LabLayers, l) }
 

@@ -47,6 +47,11 @@ var Holes = append(singleHoles(),
 	hole("no-ident and local answers removed", LayerNoIdent, LayerLocalAnswers),
 	hole("exposure beyond loopback + host input guard removed", LayerExposeLoopback, LayerHostGuard),
 	hole("exposure beyond loopback + wall + host input guard + ACL + L2 ranges off", LayerExposeLoopback, LayerWall, LayerHostGuard, LayerACL, LayerL2Ranges),
+	hole("bridges joined + nft bridge drop + br_netfilter off", LayerMembersApart, LayerNFTBridge, LayerBRNF),
+	hole("bridges joined + nft bridge drop off", LayerMembersApart, LayerNFTBridge),
+	hole("bridges joined + L2 ranges off", LayerMembersApart, LayerL2Ranges),
+	hole("bridges joined + dhcp-known-only removed", LayerMembersApart, LayerDHCPKnownOnly),
+	hole("bridges joined + NIC filtering + port binding + nft bridge drop off", LayerMembersApart, LayerNICFiltering, LayerPortBinding, LayerNFTBridge),
 )
 
 var holeNames = map[Layer]string{
@@ -59,6 +64,7 @@ var holeNames = map[Layer]string{
 	LayerBoxPids: "box pids limit off", LayerBoxMemory: "box memory limit off", LayerBoxDisk: "box disk quota off",
 	LayerBoxCPU: "box CPU quota off", LayerBoxSubvolDeny: "box subvolume deny off", LayerGuestAPIOff: "guest API on",
 	LayerExposeLoopback: "exposure listening beyond loopback", LayerNAT: "ipv4.nat=false",
+	LayerMembersApart: "bridges joined (another member's box on this bridge)",
 }
 
 func singleHoles() []Hole {
@@ -230,6 +236,11 @@ func (e *engine) openHole(ctx context.Context, h Hole) (restore func(context.Con
 			return nil, err
 		}
 	}
+	if slices.Contains(h.Off, LayerMembersApart) && e.foreign != nil {
+		if err := e.foreign.Join(e.o.Stack.Network); err != nil {
+			return nil, err
+		}
+	}
 	if len(stackOff) == 0 {
 		return nil, nil // nothing of the stack to switch (or to restore)
 	}
@@ -272,6 +283,9 @@ var rebound = []Layer{LayerNFTBridge, LayerPortBinding, LayerL2Ranges, LayerHost
 func (e *engine) closeHole(ctx context.Context, h Hole, restoreLayers func(context.Context) error) error {
 	e.closeBeyondLoopback()
 	var errs []error
+	if slices.Contains(h.Off, LayerMembersApart) && e.foreign != nil {
+		errs = append(errs, e.foreign.Part())
+	}
 	if restoreLayers != nil {
 		e.cover(true, func() { errs = append(errs, e.settleAround(ctx, func() error { return restoreLayers(ctx) })) })
 		// Until every switched layer reads back on (dnsmasq restarted with its options, the

@@ -80,7 +80,9 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 			if from == hostEnd.Key {
 				res = probes.RunMany(ctx, specs)
 			} else if from == decoyEnd.Key {
-				res, err = e.runInDecoy(ctx, specs)
+				res, err = e.runInNS(ctx, e.decoy.NS, specs)
+			} else if from == foreignEnd.Key && e.foreign != nil {
+				res, err = e.runInNS(ctx, e.foreign.NS, specs)
 			} else if b := boxes[from]; b != nil {
 				res, err = e.runInBox(ctx, b, specs)
 			} else if name, ok := nestedBox(from); ok && boxes[name] != nil {
@@ -108,6 +110,9 @@ func (e *engine) execute(ctx context.Context, rows []*Row) {
 func (e *engine) matrix(ctx context.Context) (*Matrix, error) {
 	t := time.Now()
 	if err := e.decoy.VerifyRoutes(); err != nil {
+		return nil, err
+	}
+	if err := e.foreignClash(); err != nil {
 		return nil, err
 	}
 	e.rounds++

@@ -111,6 +111,12 @@ type Topology struct {
 	Peers []Endpoint
 	// HostFlow is the host's end of its own live UDP flow to the public decoy (invalid: none).
 	HostFlow netip.AddrPort
+	// Foreign is the address of the stand-in for another member's box (members.go; invalid:
+	// no such rows).
+	Foreign    netip.Addr
+	ForeignMAC string
+	// ForeignIface is the stand-in's interface (in its namespace): its frames leave by it.
+	ForeignIface string
 }
 
 // Selector picks the endpoints of one side of a row. To-selectors get the row's source.
@@ -130,6 +136,7 @@ const (
 	EndHost               // the host
 	EndPublic             // the public decoy
 	EndGateway            // the gateway
+	EndFirstBox           // the first box (a control of a row that has no box end)
 )
 
 // Control is a positive control of a row: another row (by Key) planned for the ends given.
@@ -265,6 +272,11 @@ func (t *Topology) end(e End, from, to Endpoint) Endpoint {
 		return hostEnd
 	case EndPublic:
 		return t.publicEnd()
+	case EndFirstBox:
+		if bs := boxEnds(t.Boxes[:min(1, len(t.Boxes))], nil); len(bs) > 0 {
+			return bs[0]
+		}
+		return Endpoint{Key: "no-box"}
 	default:
 		return t.gatewayEnd()
 	}

@@ -41,6 +41,7 @@ func testTopology() *Topology {
 		Nested: netip.MustParsePrefix("198.18.0.40/30"),
 		Peers: []Endpoint{{Key: "member-m2", Label: "member m2 198.19.7.12", Addr: netip.MustParseAddr("198.19.7.12"), Port: 8443},
 			{Key: "member-m3", Label: "member m3 198.19.7.13", Addr: netip.MustParseAddr("198.19.7.13"), Port: 8443}},
+		Foreign: netip.MustParseAddr("10.87.0.254"), ForeignMAC: "02:00:00:00:00:fe",
 	}
 }
 
@@ -96,6 +97,11 @@ func TestEveryRowPlans(t *testing.T) {
 		"nested/other-net/tcp": 1, "nested/other-net/udp": 1, "nested/uplink-net/tcp": 1, "nested/uplink-net/udp": 1, "nested/resolver/servers.bind": 1,
 		"cluster/tcp": 6, "cluster/icmp": 6, "ctl/peer-tcp": 2, "nat/udp": 3, "nat/invalid": 3, "nat/ip-options": 3, "nat/related-error": 3, "ctl/decoy-host-tcp": 1, "lan-gateway/tcp": 1, "window/nat": 3,
 		"res/latency-before": 1, "res/host-latency-before": 1, "res/latency-after": 1, "res/host-latency-after": 1, "res/cpu-burn": 1, "res/latency-during": 1, "res/host-latency-during": 1,
+		"member-box/tcp": 3, "member-box/udp": 3, "member-box-in/tcp": 3, "member-box-in/udp": 3, "ctl/foreign-tcp": 1, "ctl/foreign-udp": 1,
+		"member-box-frames/vlan0-ipv4": 3, "member-box-frames/vlan0-ipv6": 3, "member-box-frames/vlan0-dhcp-offer": 3, "member-box-frames/vlan0-ra": 3,
+		"member-box-frames/ethertype": 3, "member-box-frames/arp-zero": 3,
+		"member-host/arp": 1, "member-host/dns": 1, "member-host/dhcp": 1,
+		"member-box-frames-in/vlan0-ipv4": 3, "member-box-frames-in/vlan0-ipv6": 3, "member-box-frames-in/ethertype": 3, "member-box-frames-in/arp-zero": 3,
 	}
 	got := byRow(plan(t))
 	for _, r := range Claims {

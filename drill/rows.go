@@ -437,7 +437,7 @@ var Claims = withNested(append([]ClaimRow{
 		Expect: Dropped, Controls: []Control{selfTCP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
 	{Key: "host-box/udp", Claim: ClaimHostBox, Kind: "udp", ID: "host-box/host>{to}/udp", From: FromHost, To: ToBoxes, Probe: toBoxUDP,
 		Expect: Dropped, Controls: []Control{selfUDP}, Holds: any1(LayerACL, LayerWall, LayerHostGuard, LayerL2Ranges)},
-}, slices.Concat(exposureClaims, resourceClaims, clusterRows, natRows)...))
+}, slices.Concat(exposureClaims, resourceClaims, clusterRows, memberBoxRows, natRows)...))
 
 func nameRow(kind string, name func(Endpoint, *Topology) string, typ string, tcp bool, h Holds) ClaimRow {
 	ask := askGateway(name, typ)

@@ -365,24 +365,24 @@ func (e *engine) leasesIntact(ctx context.Context, rows []*Row) {
 	}
 }
 
-// runInDecoy runs a batch inside the decoy namespace (a child process: every socket the
+// runInNS runs a batch inside a lab namespace (the decoy's, the stand-in's) (a child process: every socket the
 // probes open must be opened in the namespace, on whatever thread runs them).
-func (e *engine) runInDecoy(ctx context.Context, specs []probes.Spec) ([]probes.Result, error) {
+func (e *engine) runInNS(ctx context.Context, ns string, specs []probes.Spec) ([]probes.Result, error) {
 	in, err := json.Marshal(specs)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", e.decoy.NS, e.o.Binary, "probe", "run")
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, e.o.Binary, "probe", "run")
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	raw, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("probe run in %s: %v: %s", e.decoy.NS, err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("probe run in %s: %v: %s", ns, err, strings.TrimSpace(stderr.String()))
 	}
 	var out []probes.Result
 	if err := json.Unmarshal(raw, &out); err != nil || len(out) != len(specs) {
-		return nil, fmt.Errorf("probe run in %s: %d results for %d probes (%v)", e.decoy.NS, len(out), len(specs), err)
+		return nil, fmt.Errorf("probe run in %s: %d results for %d probes (%v)", ns, len(out), len(specs), err)
 	}
 	return out, nil
 }
@@ -397,6 +397,12 @@ func heard(rows []*Row, hits map[string][]probes.Hit, since time.Time) {
 		}
 		var seen []string
 		for where, hs := range hits {
+			if where == foreignEnd.Key && r.Claim != ClaimMemberBoxes {
+				// The stand-in is the join itself: it hears what the bridge floods to a port
+				// that is no box's (the host's unknown unicast, a spoof's broadcast), which
+				// another member's box port would not. It is a receiver of its own rows only.
+				continue
+			}
 			for _, h := range hs {
 				if h.Time.Before(since) {
 					continue // an earlier matrix's
@@ -427,7 +433,7 @@ func uniq(xs []string) []string {
 
 // allHits collects what every receiver recorded: the decoy, the host's listener, each box.
 func (e *engine) allHits(ctx context.Context) map[string][]probes.Hit {
-	out := map[string][]probes.Hit{"decoy": e.decoy.Hits()}
+	out := map[string][]probes.Hit{"decoy": e.decoy.Hits(), foreignEnd.Key: e.foreign.Hits()}
 	if e.hostL != nil {
 		out["host"] = e.hostL.Hits()
 	}

@@ -128,8 +128,8 @@ type FrameSpec struct {
 	// Port: UDP destination of vlan0-ipv4/ipv6 and ll-udp (default DefaultUDPPort, the
 	// listeners' echo port, so an echo proves delivery).
 	Port int `json:"port,omitempty"`
-	// SrcIP: ll-udp's IPv4 source (default our own address): a sibling's, to reflect a
-	// host service's answer into it.
+	// SrcIP: ll-udp's and vlan0-ipv4's IPv4 source (default our own address): a sibling's,
+	// to reflect a host service's answer into it, or one outside the box subnet.
 	SrcIP string `json:"src_ip,omitempty"`
 }
 

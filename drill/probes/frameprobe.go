@@ -80,6 +80,9 @@ func (b frameBuilder) build() ([]byte, frameMatch, error) {
 	bcast4 := netip.AddrFrom4([4]byte{255, 255, 255, 255})
 	switch b.f.Variant {
 	case FrameVLAN0IPv4:
+		if b.f.SrcIP != "" {
+			src4 = netip.MustParseAddr(b.f.SrcIP).Unmap() // outside the subnet: past its rules
+		}
 		pkt := udpPacket(netip.AddrPortFrom(src4, 40002), netip.AddrPortFrom(bcast4, port), b.marker)
 		return ethFrame(dst, b.me, true, etherIPv4, pkt), echoed, nil
 	case FrameVLAN0IPv6:
