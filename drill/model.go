@@ -131,12 +131,12 @@ type End int
 
 // Ends of a case a control can be bound to.
 const (
-	EndSource  End = iota // the case's source
-	EndTarget             // the case's target
-	EndHost               // the host
-	EndPublic             // the public decoy
-	EndGateway            // the gateway
-	EndFirstBox           // the first box (a control of a row that has no box end)
+	EndSource   End = iota // the case's source
+	EndTarget              // the case's target
+	EndHost                // the host
+	EndPublic              // the public decoy
+	EndGateway             // the gateway
+	EndFirstBox            // the first box (a control of a row that has no box end)
 )
 
 // Control is a positive control of a row: another row (by Key) planned for the ends given.
