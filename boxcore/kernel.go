@@ -3,6 +3,7 @@ package boxcore
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,33 @@ func (d DNSMasq) LeaseFile() string {
 		}
 	}
 	return ""
+}
+
+// Lease is one named lease of a dnsmasq lease file.
+type Lease struct {
+	MAC  string
+	IP   netip.Addr
+	Name string
+}
+
+// NamedLeases lists the leases of a dnsmasq lease file that carry a host name (see LeaseNames).
+func NamedLeases(path string) ([]Lease, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []Lease
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] != "duid" && f[3] != "*" {
+			ip, _ := netip.ParseAddr(f[2])
+			out = append(out, Lease{MAC: f[1], IP: ip, Name: f[3]})
+		}
+	}
+	return out, nil
 }
 
 // LeaseNames lists the host names recorded in a dnsmasq lease file. With dhcp-ignore-names
