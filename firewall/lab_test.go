@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -164,9 +165,18 @@ type lab struct {
 	host, box1, box2 netns.NsHandle
 	bridge           string
 	gw, b1, b2, alt  net.IP
+	ports            []PortBinding // the boxes' ports, as a bind round would bind them
 }
 
 func (l *lab) spec() Spec { return Spec{Bridge: l.bridge, Gateway: l.gw} }
+
+// boundSpec is spec with both boxes bound: only a bound box port speaks for the subnet to
+// the host (the L2 ranges), as a claudebox box once its start is bound.
+func (l *lab) boundSpec() Spec {
+	s := l.spec()
+	s.Ports = l.ports
+	return s
+}
 
 func newLab(t *testing.T) *lab {
 	t.Helper()
@@ -208,6 +218,8 @@ func newLab(t *testing.T) *lab {
 		must(t, err)
 		must(t, bh.LinkSetName(p, "eth0"))
 		must(t, bh.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: box.ip, Mask: net.CIDRMask(24, 32)}}))
+		ip, _ := netip.AddrFromSlice(box.ip.To4())
+		l.ports = append(l.ports, PortBinding{Port: port, MAC: p.Attrs().HardwareAddr, IPv4: ip})
 		must(t, bh.LinkSetUp(p))
 		// Boxes route everything via the gateway, as under Incus.
 		must(t, bh.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Gw: l.gw}))

@@ -82,8 +82,11 @@ func TestDesiredGolden(t *testing.T) {
 	}
 	gw := net.ParseIP("10.77.12.1")
 	up := []string{"eth0"}
-	// No ports bound, no blocked ranges: the L2 host→box rules only.
+	// No ports bound, no blocked ranges: the subnet speaks to the host from no port, and the
+	// L2 host→box rules.
 	l2 := []string{
+		`bridge claudebox_claudenet input: meta protocol ip ip saddr 10.77.12.0/24 drop`,
+		`bridge claudebox_claudenet input: ether type arp arp saddr ip 10.77.12.0/24 drop`,
 		`bridge claudebox_claudenet output: ether type ip ip daddr 10.77.12.0/24 meta l4proto tcp @th,104,8 & 0x12 == 0x02 drop`,
 		`bridge claudebox_claudenet output: ether type ip ip saddr 10.77.12.1 meta l4proto udp th sport != 53 th sport != 67 drop`,
 		`bridge claudebox_claudenet output: ether type ip ip daddr 10.77.12.0/24 meta l4proto icmp @th,0,8 0x08 drop`,

@@ -36,6 +36,7 @@ type wallLab struct {
 	bridge               string
 	gwMAC                net.HardwareAddr
 	boxIf                int // box's eth0 index, in box
+	boxPort              PortBinding
 }
 
 const (
@@ -130,6 +131,7 @@ func newWallLab(t *testing.T) *wallLab {
 
 	boxIf := vethTo(t, l.host, l.box, "cbwb1", br.Attrs().Index, nil, []string{wlBox + "/24", wlBox6 + "/64"})
 	l.boxIf = boxIf.Attrs().Index
+	l.boxPort = PortBinding{Port: "cbwb1", MAC: boxIf.Attrs().HardwareAddr, IPv4: netip.MustParseAddr(wlBox)}
 	route(t, l.box, "", wlGW, boxIf)
 	route(t, l.box, "::/0", wlGW6, boxIf)
 
