@@ -26,8 +26,11 @@ import (
 // start that binding is for (Incus sets last_used_at at every start, and only then).
 const TagBound = "user.claudebox.bound"
 
-// AgentBindWait is how long `new` and `start` wait for another member's agent to bind a box.
-const AgentBindWait = 20 * time.Second
+// AgentBindWait is how long `new` and `start` wait for another member's agent to bind a box:
+// longer than AgentSweep, so a start whose event the agent missed (or whose mark a later
+// update of last_used_at outdated: a purged CI run's restore waited 20 s for it) is bound by
+// the next sweep in time.
+const AgentBindWait = 30 * time.Second
 
 // boundMark is TagBound's value for a box as it runs now on member.
 func boundMark(member string, lastUsed time.Time) string {
@@ -151,7 +154,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // AgentSweep is how often the agent binds with no event asking.
-const AgentSweep = time.Minute
+const AgentSweep = 20 * time.Second
 
 // bindsOn: a lifecycle event after which a port on this member may need binding (a start,
 // a box moved or renamed here, a restore) or a binding may be stale (a deletion). Other

@@ -97,7 +97,14 @@ func Run(env *Env, args []string) int {
 	// whole box, and says so with exit 0.
 	var se *signalError
 	if cause := context.Cause(ctx); err != nil && errors.As(cause, &se) {
-		fmt.Fprintln(env.Stderr, "claudebox: "+err.Error())
+		msg := err.Error()
+		if !strings.Contains(msg, "interrupted (") {
+			// Cut short before a step that says what it left (new's, import's): name the
+			// signal, not Go's "context canceled" (a SIGTERM during new's first request to
+			// Incus said only that).
+			msg = "interrupted (" + se.Error() + "): " + strings.ReplaceAll(msg, context.Canceled.Error(), "cut short")
+		}
+		fmt.Fprintln(env.Stderr, "claudebox: "+msg)
 		return 128 + int(se.sig)
 	}
 	if err == nil {
