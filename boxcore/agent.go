@@ -26,10 +26,9 @@ import (
 // start that binding is for (Incus sets last_used_at at every start, and only then).
 const TagBound = "user.claudebox.bound"
 
-// AgentBindWait is how long `new` and `start` wait for another member's agent to bind a box:
-// longer than AgentSweep, so a start whose event the agent missed (or whose mark a later
-// update of last_used_at outdated: a purged CI run's restore waited 20 s for it) is bound by
-// the next sweep in time.
+// AgentBindWait is how long `new` and `start` wait for another member's agent to bind a box
+// (a purged CI run's restore waited 20 s for a mark its agent had written for the start
+// before; a start the agent missed is bound by its next sweep, up to a minute later).
 const AgentBindWait = 30 * time.Second
 
 // boundMark is TagBound's value for a box as it runs now on member.
@@ -153,8 +152,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// AgentSweep is how often the agent binds with no event asking.
-const AgentSweep = 20 * time.Second
+// AgentSweep is how often the agent binds with no event asking. Not shorter: each sweep also
+// repairs the member's firewall, and at 20 s it undid the cluster test's drift before that
+// member's check could show it.
+const AgentSweep = time.Minute
 
 // bindsOn: a lifecycle event after which a port on this member may need binding (a start,
 // a box moved or renamed here, a restore) or a binding may be stale (a deletion). Other
