@@ -218,21 +218,12 @@ func NamedLeases(path string) ([]Lease, error) {
 // every name is "*"; a real name is left over from a time the option was off, and dnsmasq
 // keeps serving it until the lease is gone — no restart or renewal clears it (measured).
 func LeaseNames(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
-		return nil, err
-	}
+	leases, err := NamedLeases(path)
 	var names []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 4 && f[0] != "duid" && f[3] != "*" {
-			names = append(names, f[3])
-		}
+	for _, l := range leases {
+		names = append(names, l.Name)
 	}
-	return names, nil
+	return names, err
 }
 
 // ForgetLeaseNames stops a bridge's dnsmasq and blanks the host names in its lease file, so
