@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -91,7 +92,7 @@ func bridgeFDB(bridge string) ([]fdbEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	ns, err := netdump.Neighs(0, unix.AF_BRIDGE)
 	if err != nil {
 		return nil, fmt.Errorf("fdb of %s: %w", bridge, err)
 	}

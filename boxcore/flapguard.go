@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -44,7 +45,7 @@ func removeFlapGuard(subnet *net.IPNet) error {
 
 // flapGuardPresent reports whether the route is there.
 func flapGuardPresent(subnet *net.IPNet) bool {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: subnet},
+	rs, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: subnet},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
 	if err != nil {
 		return false

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 )
 
@@ -22,7 +23,7 @@ type Claim struct {
 // not claims: they cover everything.
 func HostClaims() ([]Claim, error) {
 	var claims []Claim
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("reading the routing table: %w", err)
 	}
@@ -33,7 +34,7 @@ func HostClaims() ([]Claim, error) {
 		dev := linkName(r.LinkIndex)
 		claims = append(claims, Claim{Net: r.Dst, By: "route on " + dev, Dev: dev})
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := netdump.Addrs(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return nil, fmt.Errorf("reading host addresses: %w", err)
 	}

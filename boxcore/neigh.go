@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -20,7 +21,7 @@ func (k Kernel) NeighbourMAC(bridge string, ip netip.Addr) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ns, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	ns, err := netdump.Neighs(l.Attrs().Index, netlink.FAMILY_V4)
 	if err != nil {
 		return "", fmt.Errorf("neighbours of %s: %w", bridge, err)
 	}
@@ -43,7 +44,7 @@ func (k Kernel) FDBPorts(bridge, mac string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	ns, err := netdump.Neighs(0, unix.AF_BRIDGE)
 	if err != nil {
 		return nil, fmt.Errorf("fdb of %s: %w", bridge, err)
 	}
@@ -68,7 +69,7 @@ func (k Kernel) ForgetLearnt(bridge string, macs []string, ips []netip.Addr) err
 	if err != nil {
 		return err
 	}
-	fdb, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	fdb, err := netdump.Neighs(0, unix.AF_BRIDGE)
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,7 @@ func (k Kernel) ForgetLearnt(bridge string, macs []string, ips []netip.Addr) err
 			}
 		}
 	}
-	neigh, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	neigh, err := netdump.Neighs(br.Attrs().Index, netlink.FAMILY_V4)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}

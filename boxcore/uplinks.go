@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -69,7 +70,7 @@ func (st *StackState) uplinks() []string {
 // decoy — and that blocked does not cover already. Boxes must never reach them: the wall's
 // uplink rule drops them, and with them in the blocked set so do the L2 ranges.
 func otherRoutes(bridge string, uplinks []string, blocked []netip.Prefix) []netip.Prefix {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil
 	}
@@ -117,7 +118,7 @@ func covered(p netip.Prefix, by []netip.Prefix) bool {
 // (rules match destination addresses, never next hops), and so does a host reached through a
 // next hop on such a subnet (the drill's public decoy behind its admitted uplink's /30).
 func uplinkSubnets(uplinks []string, bridgeNet *net.IPNet, blocked []netip.Prefix) []netip.Prefix {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -33,7 +34,7 @@ func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
 	for _, n := range deleteTagged(ctx, c, func(incus.Instance) bool { return true }) {
 		done = append(done, "instance "+n)
 	}
-	links, _ := netlink.LinkList()
+	links, _ := netdump.Links()
 	for _, l := range links {
 		if isDrillVeth(l) {
 			if netlink.LinkDel(l) == nil {
@@ -108,13 +109,13 @@ func Leftovers(ctx context.Context, c *incus.Client) ([]string, error) {
 			out = append(out, "instance "+in.Name)
 		}
 	}
-	links, _ := netlink.LinkList()
+	links, _ := netdump.Links()
 	for _, l := range links {
 		if isDrillVeth(l) {
 			out = append(out, "link "+l.Attrs().Name)
 		}
 	}
-	routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, _ := netdump.Routes(nil, netlink.FAMILY_V4)
 	for _, r := range routes {
 		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && isDrillVeth(l) {
 			out = append(out, "route "+r.String())

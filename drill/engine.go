@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 
 	"github.com/claudebox/claudebox/boxcore"
@@ -462,12 +463,12 @@ func (e *engine) readHost(ctx context.Context, rep *Report) error {
 	// Host addresses: every IPv4 address on an interface that is not a bridge (other
 	// stacks' bridges come and go), plus our gateway.
 	e.hostAddrs = []netip.Addr{e.gateway.Addr()}
-	links, _ := netlink.LinkList()
+	links, _ := netdump.Links()
 	for _, l := range links {
 		if l.Type() == "bridge" || strings.HasPrefix(l.Attrs().Name, VethPrefix) {
 			continue
 		}
-		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, _ := netdump.Addrs(l, netlink.FAMILY_V4)
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP.To4())
 			if ok && !ip.IsLoopback() && !slices.Contains(e.hostAddrs, ip) {

@@ -48,6 +48,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -183,7 +184,7 @@ func (o Observed) Bound() []string {
 // routes (multipath hops included), in route order, in the calling thread's
 // network namespace. Unreachable/blackhole defaults have no interface.
 func DefaultUplinks() ([]string, error) {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4,
 		&netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("firewall: list routes: %w", err)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 )
 
@@ -163,13 +164,13 @@ func (c *capturer) isGateway(mac string) bool {
 	}
 	c.gwAsked = time.Now()
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, _ := netlink.RouteList(nil, fam)
+		rs, _ := netdump.Routes(nil, fam)
 		for _, rt := range rs {
 			if rt.Gw == nil {
 				continue
 			}
 			gw, _ := netip.AddrFromSlice(rt.Gw)
-			ns, _ := netlink.NeighList(rt.LinkIndex, fam)
+			ns, _ := netdump.Neighs(rt.LinkIndex, fam)
 			for _, n := range ns {
 				if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == gw.Unmap() && len(n.HardwareAddr) == 6 {
 					c.gw[n.HardwareAddr.String()] = true

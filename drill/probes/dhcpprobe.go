@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/vishvananda/netlink"
 )
@@ -131,7 +132,7 @@ func newDHCPRun(ctx context.Context, s Spec, marker string) (*dhcpRun, error) {
 
 // gatewayOf is the IPv4 default gateway on ifi: the box's DHCP server under Incus.
 func gatewayOf(ifi *net.Interface) (netip.Addr, error) {
-	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	rs, err := netdump.Routes(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, err
 	}

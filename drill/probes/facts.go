@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -103,7 +104,7 @@ func GatherFacts(iface string) (*Facts, error) {
 // gatherInterfaces fills in every interface and its addresses, and returns the
 // interface names by index (for the routes).
 func (f *Facts) gatherInterfaces() (map[int]string, error) {
-	links, err := netlink.LinkList()
+	links, err := netdump.Links()
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
@@ -115,7 +116,7 @@ func (f *Facts) gatherInterfaces() (map[int]string, error) {
 		if len(a.HardwareAddr) > 0 {
 			fi.MAC = a.HardwareAddr.String()
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		addrs, err := netdump.Addrs(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
 		}
@@ -157,7 +158,7 @@ func (f *Facts) recordAddr(fi *Iface, ad netlink.Addr) {
 // any IPv6 one counts as global IPv6.
 func (f *Facts) gatherDefaultRoutes(names map[int]string) error {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteList(nil, fam)
+		rs, err := netdump.Routes(nil, fam)
 		if err != nil {
 			return fmt.Errorf("listing routes: %w", err)
 		}

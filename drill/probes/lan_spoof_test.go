@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 )
 
@@ -93,7 +94,7 @@ func forgetB(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		ns, _ := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+		ns, _ := netdump.Neighs(l.Attrs().Index, netlink.FAMILY_V4)
 		for _, n := range ns {
 			if n.IP.String() == lanB {
 				_ = netlink.NeighDel(&n)

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -286,7 +287,7 @@ func gNeighbourOfB(t *testing.T) string {
 	t.Helper()
 	var mac string
 	_ = inNS(lan.g, func() error {
-		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		ns, err := netdump.Neighs(0, netlink.FAMILY_V4)
 		for _, n := range ns {
 			if n.IP.String() == lanB {
 				mac = n.HardwareAddr.String()

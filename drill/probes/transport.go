@@ -20,6 +20,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -99,7 +100,7 @@ func neighbourFailed(dst netip.Addr, iface string) (bool, string) {
 	if hop.Is6() {
 		family = netlink.FAMILY_V6
 	}
-	ns, err := netlink.NeighList(rt.LinkIndex, family)
+	ns, err := netdump.Neighs(rt.LinkIndex, family)
 	if err != nil {
 		return false, ""
 	}
@@ -200,7 +201,7 @@ func linkLocalOn(ctx context.Context, iface string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("interface %q: %w", iface, err)
 	}
 	for {
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		addrs, err := netdump.Addrs(link, netlink.FAMILY_V6)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("listing IPv6 addresses of %s: %w", iface, err)
 		}

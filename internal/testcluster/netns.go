@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -165,7 +166,7 @@ func buildLink(linkNs string, memberNs []string, addrs []*net.IPNet) error {
 // aside) or has addresses in.
 func hostClaims() ([]*net.IPNet, error) {
 	var out []*net.IPNet
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("reading the routing table: %w", err)
 	}
@@ -178,7 +179,7 @@ func hostClaims() ([]*net.IPNet, error) {
 		}
 		out = append(out, r.Dst)
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := netdump.Addrs(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return nil, fmt.Errorf("reading host addresses: %w", err)
 	}
@@ -240,7 +241,7 @@ func claimSubnet(r *runState) (*net.IPNet, error) {
 
 // guardRoutes lists this package's unreachable routes in the host namespace.
 func guardRoutes() []*net.IPNet {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := netdump.RoutesFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil
 	}

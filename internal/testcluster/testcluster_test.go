@@ -16,6 +16,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/drill/image"
+	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/claudebox/claudebox/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -101,7 +102,7 @@ func TestClusterUp(t *testing.T) {
 			t.Errorf("%s: %v", m.Name, err)
 		}
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := netdump.Addrs(nil, netlink.FAMILY_V4)
 	if err != nil {
 		t.Fatal(err)
 	}
