@@ -28,7 +28,7 @@ const TagBound = "user.claudebox.bound"
 
 // AgentBindWait is how long `new` and `start` wait for another member's agent to bind a box
 // (a purged CI run's restore waited 20 s for a mark its agent had written for the start
-// before; a start the agent missed is bound by its next sweep, up to a minute later).
+// before; the agent's mark check now asks for a round for such a start within seconds).
 const AgentBindWait = 30 * time.Second
 
 // boundMark is TagBound's value for a box as it runs now on member.
@@ -48,6 +48,11 @@ type Agent struct {
 	Bound func(acked []string)
 
 	local atomic.Pointer[string] // this member's name as the last round read it
+
+	// asked counts the rounds the mark check asked for each start running unacknowledged
+	// (box and mark): a few at most, since a box no round binds, such as one off
+	// claudebox's network, is not worth a round every few seconds.
+	asked map[string]int
 }
 
 // member is this member's name as the last round read it ("" before the first, and on a
@@ -116,6 +121,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	// A round now and then bounds whatever no event announced (an event the daemon dropped).
 	sweep := time.NewTicker(AgentSweep)
 	defer sweep.Stop()
+	// On a cluster, a start left unacknowledged gets a round within AgentMarkCheck: the
+	// sweep's minute is longer than a verb on another member waits for the mark.
+	var markCheck <-chan time.Time
+	if local != "" {
+		t := time.NewTicker(AgentMarkCheck)
+		defer t.Stop()
+		markCheck = t.C
+	}
 	backoff := time.Second
 	for {
 		select {
@@ -124,6 +137,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case <-sweep.C:
 			kick()
+		case <-markCheck:
+			if a.unacked(ctx) {
+				kick()
+			}
 		case e, ok := <-events.C:
 			if ok {
 				backoff = time.Second
@@ -156,6 +173,44 @@ func (a *Agent) Run(ctx context.Context) error {
 // repairs the member's firewall, and at 20 s it undid the cluster test's drift before that
 // member's check could show it.
 const AgentSweep = time.Minute
+
+// AgentMarkCheck is how often the agent on a cluster member looks for a box running there
+// with no acknowledgement of its start (one list request, filtered by the box tag).
+const AgentMarkCheck = 3 * time.Second
+
+// unacked: a box runs on this member with no acknowledgement of the start it runs now, and
+// the mark check has asked for fewer than three rounds for that start. (A round can read a
+// box that is restarting before Incus moves its last_used_at, or find it changed when it
+// acknowledges; a restored snapshot brings back the mark it was taken with.)
+func (a *Agent) unacked(ctx context.Context) bool {
+	local := a.member()
+	if local == "" {
+		return false
+	}
+	ins, err := a.Client.Instances(ctx, map[string]string{TagKey: "1"}, false)
+	if err != nil {
+		return false // the sweep and the next check try again
+	}
+	asked := map[string]int{} // only the starts running now: the map does not grow
+	ask := false
+	for _, in := range ins {
+		if in.Location != local || in.Status != "Running" {
+			continue
+		}
+		want := boundMark(local, in.LastUsedAt)
+		if in.Config[TagBound] == want {
+			continue
+		}
+		key := in.Name + " " + want
+		asked[key] = a.asked[key]
+		if !ask && asked[key] < 3 {
+			asked[key]++
+			ask = true
+		}
+	}
+	a.asked = asked
+	return ask
+}
 
 // bindsOn: a lifecycle event after which a port on this member may need binding (a start,
 // a box moved or renamed here, a restore) or a binding may be stale (a deletion). Other

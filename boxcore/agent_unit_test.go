@@ -1,10 +1,13 @@
 package boxcore
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
@@ -107,5 +110,43 @@ func TestOwnBindError(t *testing.T) {
 	}
 	if err := ownBindError(st, "a", nil); err != nil {
 		t.Errorf("no error: %v", err)
+	}
+}
+
+// The mark check asks for a round for a box running on this member with no mark for the
+// start it runs now: at most three times per start (a box no round can bind is not worth a
+// round every few seconds), again for its next start; never for another member's box, a
+// stopped one, or one acknowledged. (TestClusterStack shows a stale mark acknowledged again
+// within seconds on a real cluster.)
+func TestAgentUnacked(t *testing.T) {
+	start := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
+	boxes := []incus.Instance{
+		{Name: "acked", Status: "Running", Location: "m2", LastUsedAt: start, Config: map[string]string{TagBound: boundMark("m2", start)}},
+		{Name: "elsewhere", Status: "Running", Location: "m1", LastUsedAt: start, Config: map[string]string{}},
+		{Name: "stopped", Status: "Stopped", Location: "m2", LastUsedAt: start, Config: map[string]string{}},
+		{Name: "stale", Status: "Running", Location: "m2", LastUsedAt: start, Config: map[string]string{TagBound: boundMark("m2", start.Add(-time.Hour))}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": boxes})
+	}))
+	defer srv.Close()
+	a := &Agent{Client: incus.NewHTTPClient(srv.URL, srv.Client())}
+	local := "m2"
+	a.local.Store(&local)
+	ctx := context.Background()
+	var asks []bool
+	for range 4 {
+		asks = append(asks, a.unacked(ctx))
+	}
+	if want := []bool{true, true, true, false}; !slices.Equal(asks, want) {
+		t.Errorf("a start left unacknowledged: asks %v, want %v", asks, want)
+	}
+	boxes[3].LastUsedAt = start.Add(time.Minute) // started again
+	if !a.unacked(ctx) {
+		t.Error("its next start: no round asked for")
+	}
+	boxes[3].Config[TagBound] = boundMark("m2", boxes[3].LastUsedAt)
+	if a.unacked(ctx) || len(a.asked) != 0 {
+		t.Errorf("every box acknowledged: a round asked for, or counts kept: %v", a.asked)
 	}
 }

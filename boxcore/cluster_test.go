@@ -265,6 +265,20 @@ func TestClusterStack(t *testing.T) {
 		t.Errorf("restore of running %s (on m2) from m1: %v\n%s", b2, err, out)
 	}
 	m2Clean("restore of running " + b2 + " from m1")
+	// A running box whose mark is for the start before (a purged CI run's restore had one,
+	// and a verb elsewhere waits only AgentBindWait for it): its agent's mark check asks for
+	// a round within seconds, not the sweep's minute.
+	setConfig(t, c.Client(0), b2, func(cfg map[string]string) { cfg[boxcore.TagBound] = members[1].Name + "@2000-01-01T00:00:00Z" })
+	for deadline := time.Now().Add(4 * boxcore.AgentMarkCheck); ; time.Sleep(200 * time.Millisecond) {
+		in, _, err := c.Client(0).Instance(ctx, b2)
+		if err == nil && in.Config[boxcore.TagBound] == members[1].Name+"@"+in.LastUsedAt.UTC().Format(time.RFC3339Nano) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s's stale mark %q not acknowledged again within %s (%v)", b2, in.Config[boxcore.TagBound], 4*boxcore.AgentMarkCheck, err)
+			break
+		}
+	}
 	// Each agent's heartbeat is in its member's config; one that ended removed its own.
 	// With no agent on m3, a box sent there is never started: new fails (exit 1) naming
 	// the member and what to run there, and removes the box; a start is refused the same way.
