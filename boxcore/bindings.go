@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
 )
 
@@ -240,10 +241,14 @@ func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == 
 // see fdbpin.go).
 func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	forgetFullBind(h.Stack.Network)
+	t := time.Now()
 	changed, err := firewall.Apply(spec)
+	incus.TraceStep("kernel", "nftables apply", t)
 	if err != nil {
 		return changed, err
 	}
+	t = time.Now()
+	defer func() { incus.TraceStep("kernel", "flap guard, sysctls, fdb pins", t) }()
 	if sn := spec.Resolved().Subnet(); sn != nil && !flapGuardPresent(sn) {
 		changed = true
 		if err := ensureFlapGuard(sn); err != nil {
@@ -314,9 +319,11 @@ func (h *Host) bindPorts(ctx context.Context, since time.Time) (*StackState, err
 	if st.Network == nil || st.Gateway == nil {
 		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
+	t := time.Now()
 	if err := h.readBindings(ctx, st); err != nil {
 		return nil, fmt.Errorf("reading port bindings: %w", err)
 	}
+	incus.TraceStep("bind", "read instances, bridge ports, leases", t)
 	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
 		return st, fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}

@@ -203,6 +203,14 @@ var traceRequests = os.Getenv("CLAUDEBOX_TRACE") != ""
 // traceStart: trace lines say when each request started, from here (the process's start).
 var traceStart = time.Now()
 
+// TraceStep prints, when CLAUDEBOX_TRACE is set, a step of claudebox's own that began at
+// start (the kernel work of a bind round), in the request trace's format.
+func TraceStep(kind, what string, start time.Time) {
+	if traceRequests {
+		fmt.Fprintf(os.Stderr, "%s: +%.3fs %s in %.1f ms\n", kind, start.Sub(traceStart).Seconds(), what, float64(time.Since(start).Microseconds())/1000)
+	}
+}
+
 // transportError maps a failed round trip: context errors stay context errors, a missing or
 // refusing Unix socket becomes *DaemonUnreachableError.
 func (c *Client) transportError(ctx context.Context, method, path string, err error) error {
