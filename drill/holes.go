@@ -52,6 +52,11 @@ var Holes = append(singleHoles(),
 	hole("bridges joined + L2 ranges off", LayerMembersApart, LayerL2Ranges),
 	hole("bridges joined + dhcp-known-only removed", LayerMembersApart, LayerDHCPKnownOnly),
 	hole("bridges joined + NIC filtering + port binding + nft bridge drop off", LayerMembersApart, LayerNICFiltering, LayerPortBinding, LayerNFTBridge),
+	hole("bridges joined + NIC filtering + nft bridge drop off", LayerMembersApart, LayerNICFiltering, LayerNFTBridge),
+	hole("bridges joined + port binding + nft bridge drop off", LayerMembersApart, LayerPortBinding, LayerNFTBridge),
+	hole("port isolation + NIC filtering + nft bridge drop off", LayerPortIso, LayerNICFiltering, LayerNFTBridge),
+	hole("port isolation + port binding + nft bridge drop off", LayerPortIso, LayerPortBinding, LayerNFTBridge),
+	hole("port isolation + NIC filtering + port binding off", LayerPortIso, LayerNICFiltering, LayerPortBinding),
 )
 
 var holeNames = map[Layer]string{

@@ -91,14 +91,13 @@ var (
 
 // memberFrameRow: an odd frame (frameRow's) from a box to the stand-in, heard by its capture.
 // Port isolation, which holds it between two boxes, does not hold it over a join: Incus's NIC
-// filtering and claudebox's port binding (only the box's own IPv4 and ARP leave its port) do,
-// and the nft bridge table (nothing is switched from a box port).
+// filtering, claudebox's port binding (only the box's own IPv4 and ARP leave its port; not for
+// arp-zero) and the nft bridge table (nothing is switched from a box port) do: frameLayers.
 func memberFrameRow(variant string) ClaimRow {
-	holds := any1(LayerMembersApart, LayerNICFiltering, LayerPortBinding, LayerNFTBridge)
 	return ClaimRow{Key: "member-box-frames/" + variant, Claim: ClaimMemberBoxes, Kind: "frame", ID: "member-box-frames/{from}>{to}/" + variant,
 		From: FromBoxes, To: ToForeign, Expect: Dropped, Window: WindowSpoof,
 		Controls: []Control{{"ctl/arp-gateway", EndSource, EndGateway}, {"ctl/foreign-udp", EndTarget, EndTarget}},
-		Holds:    holds,
+		Holds:    frameLayers(variant, LayerMembersApart),
 		Probe: func(_, to Endpoint, t *Topology) probes.Spec {
 			return probes.Spec{Kind: probes.KindFrame, Frame: &probes.FrameSpec{Variant: variant, DstMAC: t.ForeignMAC, TargetIP: to.Addr.String()}}
 		}}
