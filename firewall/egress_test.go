@@ -240,7 +240,7 @@ func guardEgress(t *testing.T, l *wallLab, s Spec) {
 			rules = append(rules, r)
 		}
 	}
-	must(t, applyRules(s, guardOnly, rules))
+	must(t, applyRules(s, guardOnly, rules, false))
 	l.flushConntrack(t)
 }
 

@@ -39,8 +39,9 @@ type TableState struct {
 // Type/Hook/Policy and Base false.
 type ChainState struct {
 	Chain
-	Base  bool
-	Rules []string // each rule rendered like Rule.Summary
+	Base    bool
+	Rules   []string // each rule rendered like Rule.Summary
+	Handles []uint64 // the kernel's handle of each rule in Rules
 }
 
 // Drift is one difference between desired and observed.
@@ -188,7 +189,7 @@ func read(bridge string) (Observed, error) {
 					cs.Priority = int32(*c.Priority)
 				}
 			}
-			if cs.Rules, err = dumpRules(nl, fam, spec.Table, c.Name); err != nil {
+			if cs.Rules, cs.Handles, err = dumpRules(nl, fam, spec.Table, c.Name); err != nil {
 				return obs, err
 			}
 			ts.Chains = append(ts.Chains, cs)
@@ -252,14 +253,14 @@ func tableFlagsOf(nl *netlink.Conn, fam nftables.TableFamily, name string) (flag
 	return 0, false, nil
 }
 
-// dumpRules fetches one chain's rules, in order, rendered.
-func dumpRules(nl *netlink.Conn, fam nftables.TableFamily, table, chain string) ([]string, error) {
+// dumpRules fetches one chain's rules, in order, rendered, and their handles.
+func dumpRules(nl *netlink.Conn, fam nftables.TableFamily, table, chain string) ([]string, []uint64, error) {
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
 		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	newRule := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE)
 	msgs, err := nl.Execute(netlink.Message{
@@ -271,21 +272,26 @@ func dumpRules(nl *netlink.Conn, fam nftables.TableFamily, table, chain string) 
 		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("firewall: dump rules of %s %s: %w", table, chain, err)
+		return nil, nil, fmt.Errorf("firewall: dump rules of %s %s: %w", table, chain, err)
 	}
-	var rules []string
+	var (
+		rules   []string
+		handles []uint64
+	)
 	for _, m := range msgs {
 		if m.Header.Type != newRule || len(m.Data) < 4 {
 			continue
 		}
 		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		ad.ByteOrder = binary.BigEndian // the handle; the expressions are decoded raw
 		var (
 			raws     []rawExpr
 			userdata []byte
 			tbl, ch  string
+			handle   uint64
 		)
 		for ad.Next() {
 			switch ad.Type() {
@@ -295,21 +301,24 @@ func dumpRules(nl *netlink.Conn, fam nftables.TableFamily, table, chain string) 
 				ch = ad.String()
 			case unix.NFTA_RULE_EXPRESSIONS:
 				if raws, err = rawFromList(ad.Bytes()); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
+			case unix.NFTA_RULE_HANDLE:
+				handle = ad.Uint64()
 			case unix.NFTA_RULE_USERDATA:
 				userdata = ad.Bytes()
 			}
 		}
 		if err := ad.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if tbl != table || ch != chain {
 			continue // kernels that ignore the dump filter
 		}
 		rules = append(rules, renderRaw(raws, userdata))
+		handles = append(handles, handle)
 	}
-	return rules, nil
+	return rules, handles, nil
 }
 
 // Check compares the kernel with Desired(s). Empty means converged.
@@ -413,19 +422,7 @@ func tableFlags(f uint32) string {
 // drift, not a shifted tail. Positions are 1-based in the list they refer to.
 func diffRules(chain string, want, got []string) []Drift {
 	n, m := len(want), len(got)
-	lcs := make([][]int, n+1)
-	for i := range lcs {
-		lcs[i] = make([]int, m+1)
-	}
-	for i := n - 1; i >= 0; i-- {
-		for j := m - 1; j >= 0; j-- {
-			if want[i] == got[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
+	lcs := lcsTable(want, got)
 	rule := "rule" + strings.TrimPrefix(chain, "chain")
 	var out []Drift
 	i, j := 0, 0
@@ -445,12 +442,14 @@ func diffRules(chain string, want, got []string) []Drift {
 }
 
 // Apply converges the kernel to Desired(s) in one atomic netlink batch: it
-// creates what is missing, clears a dormant flag, and flushes and re-adds
-// every rule of our chains on every run (never "create if missing" only).
-// A table whose structure is foreign (extra chains or sets, or our chain with
-// another type/hook/priority, which the kernel cannot change in place) is
-// deleted and recreated in the same batch. changed reports whether the
-// kernel differed from desired before the run.
+// creates what is missing, clears a dormant flag, and makes every chain of ours
+// hold exactly the desired rules — edited in place where it differs by some
+// rules (incremental.go), rewritten whole otherwise; a kernel that already
+// renders exactly as desired (the renderer decodes every attribute: equal text
+// is equal rules) is left alone. A table whose structure is foreign (extra
+// chains or sets, or our chain with another type/hook/priority, which the
+// kernel cannot change in place) is deleted and recreated in the same batch.
+// changed reports whether the kernel differed from desired before the run.
 func Apply(s Spec) (changed bool, err error) {
 	if err := s.Validate(); err != nil {
 		return false, err
@@ -459,13 +458,24 @@ func Apply(s Spec) (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	// Rendered once: rendering every rule to its text is a third of an apply's CPU with a
-	// dozen boxes bound (BenchmarkApplyPorts), and it was done three times.
+	// Rendered once: rendering every rule to its text is a third of an apply's time with a
+	// dozen boxes bound, and it was done three times. (Not beside the read in a goroutine:
+	// Resolved and Desired read the calling thread's network namespace.)
 	s = s.Resolved()
 	desired := Desired(s)
 	changed = len(diff(s, desired, obs)) > 0
-	if err := applyRules(s, obs, desired); err != nil {
-		return changed, err
+	if !changed {
+		return false, nil // nothing to write; the read just now is the check
+	}
+	if err := applyRules(s, obs, desired, true); err != nil {
+		// The in-place edit failed as a whole (one batch: nothing of it applied), e.g. a rule
+		// it deletes went meanwhile: rewrite every chain from a fresh read.
+		if obs, err = Read(s.Bridge); err != nil {
+			return changed, err
+		}
+		if err := applyRules(s, obs, desired, false); err != nil {
+			return changed, err
+		}
 	}
 	// Read back: a renderer or kernel mismatch must surface here, not as a
 	// Check that never comes clean.
@@ -512,7 +522,7 @@ func bigBuffers(c *netlink.Conn) error {
 // chains are created, every chain of ours is flushed and refilled, and a
 // table of foreign structure is rebuilt. Tests pass a subset of Desired to
 // take single rules out.
-func applyRules(s Spec, obs Observed, rules []Rule) error {
+func applyRules(s Spec, obs Observed, rules []Rule, inPlace bool) error {
 	cc, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		return err
@@ -531,11 +541,19 @@ func applyRules(s Spec, obs Observed, rules []Rule) error {
 				Name: want.Name, Table: t, Type: nftables.ChainType(want.Type),
 				Hooknum: &hook, Priority: nftables.ChainPriorityRef(nftables.ChainPriority(want.Priority)), Policy: &policy,
 			})
-			cc.FlushChain(ch)
+			var chainRules []Rule
 			for _, r := range rules {
 				if r.Table == want.Table && r.Chain == want.Name {
-					cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
+					chainRules = append(chainRules, r)
 				}
+			}
+			if got := findChain(ts.Chains, want.Name); inPlace && ts.Present && !needsRebuild(ts, wants) && got != nil &&
+				chainHeader(*got) == want.Header() && editChain(cc, t, ch, chainRules, *got) {
+				continue
+			}
+			cc.FlushChain(ch)
+			for _, r := range chainRules {
+				cc.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs})
 			}
 		}
 	}

@@ -361,24 +361,3 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkApplyPorts is the nftables part of a box start with twelve boxes bound: every
-// start re-applies the whole spec, so its cost grows with the boxes running.
-func BenchmarkApplyPorts(b *testing.B) {
-	requireRoot(b)
-	freshNS(b)
-	s := testSpec("cbtp")
-	for i := range 12 {
-		s.Ports = append(s.Ports, PortBinding{Port: fmt.Sprintf("cbxbench%04d", i),
-			MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0, 0, byte(i)}, IPv4: netip.AddrFrom4([4]byte{10, 77, 12, byte(10 + i)})})
-	}
-	if _, err := Apply(s); err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if _, err := Apply(s); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -201,7 +201,7 @@ func (l *portLab) loadWallOnly(t *testing.T, without ...string) {
 			rules = append(rules, r)
 		}
 	}
-	must(t, applyRules(s, only, rules))
+	must(t, applyRules(s, only, rules, false))
 	l.flushConntrack(t)
 }
 

@@ -97,7 +97,7 @@ func (l *portLab) loadL2(t *testing.T, without ...string) {
 			rules = append(rules, r)
 		}
 	}
-	must(t, applyRules(s, only, rules))
+	must(t, applyRules(s, only, rules, false))
 	_ = gt
 	l.flushConntrack(t)
 }

@@ -200,7 +200,7 @@ func (l *wallLab) loadWall(t *testing.T, without ...string) {
 			rules = append(rules, r)
 		}
 	}
-	must(t, applyRules(s, wallOnly, rules))
+	must(t, applyRules(s, wallOnly, rules, false))
 }
 
 func (l *wallLab) noWall(t *testing.T) {
