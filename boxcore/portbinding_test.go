@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/internal/testenv"
 	"github.com/claudebox/claudebox/internal/teststack"
 )
@@ -186,6 +187,35 @@ func TestPortBinding(t *testing.T) {
 	}
 	if r := mustCheck(t, h); !r.OK {
 		t.Fatalf("check after re-binding drifts: %v", driftItems(r))
+	}
+}
+
+// The bind lists the other networks by name and asks only about what is no veth: the same
+// managed networks as the daemon's full listing (every box's veth makes that one slower), a
+// second test stack's network among them, the stack's own not.
+func TestOtherNetworks(t *testing.T) {
+	c := testenv.RequireIncus(t)
+	ctx := context.Background()
+	s, other := teststack.New(t, c, "othernets"), teststack.New(t, c, "qothernets")
+	got, err := boxcore.OtherNetworks(ctx, boxcore.NewHost(c, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.Networks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	managed := func(ns []incus.Network) (out []string) {
+		for _, n := range ns {
+			if n.Managed && n.Name != s.Network {
+				out = append(out, n.Name+" "+n.Config["ipv4.address"])
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if g, w := managed(got), managed(all); !slices.Equal(g, w) || !slices.ContainsFunc(g, func(n string) bool { return strings.HasPrefix(n, other.Network+" ") }) {
+		t.Errorf("managed networks but %s: %v, the full listing %v (want equal, with %s)", s.Network, g, w, other.Network)
 	}
 }
 

@@ -3,8 +3,10 @@ package incus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"path"
 )
 
 // Network is an Incus network (managed or not).
@@ -89,6 +91,24 @@ func (c *Client) Networks(ctx context.Context) ([]Network, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// NetworkNames lists the names of all networks, managed or not, without their details (the
+// details cost the daemon a used-by scan per network, host interfaces included).
+func (c *Client) NetworkNames(ctx context.Context) ([]string, error) {
+	var urls []string
+	if _, err := c.get(ctx, "/1.0/networks", &urls); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(urls))
+	for _, u := range urls {
+		name, err := url.PathUnescape(path.Base(u))
+		if err != nil {
+			return nil, fmt.Errorf("incus: network URL %q: %w", u, err)
+		}
+		names = append(names, name)
+	}
+	return names, nil
 }
 
 // CreateNetworkPending defines a network on one cluster member only (POST ?target=MEMBER),
