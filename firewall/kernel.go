@@ -519,9 +519,10 @@ func bigBuffers(c *netlink.Conn) error {
 }
 
 // applyRules writes rules into our tables in one batch: missing tables and
-// chains are created, every chain of ours is flushed and refilled, and a
-// table of foreign structure is rebuilt. Tests pass a subset of Desired to
-// take single rules out.
+// chains are created, a table of foreign structure is rebuilt, and every chain
+// of ours is flushed and refilled — or, with inPlace, edited in place where its
+// table stays (editChain). Tests pass a subset of Desired to take single rules
+// out.
 func applyRules(s Spec, obs Observed, rules []Rule, inPlace bool) error {
 	cc, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
@@ -530,10 +531,13 @@ func applyRules(s Spec, obs Observed, rules []Rule, inPlace bool) error {
 	for _, ts := range obs.Tables {
 		t := &nftables.Table{Name: ts.Name, Family: familyByte(ts.Family)}
 		wants := chainsOf(s, ts.Name)
-		if needsRebuild(ts, wants) {
+		rebuild := needsRebuild(ts, wants)
+		if rebuild {
 			cc.DelTable(t)
 		}
 		cc.AddTable(t) // exists: updates flags to 0, waking a dormant table
+		// Its chains and rule handles as read are still there to edit.
+		editable := inPlace && ts.Present && !rebuild
 		for _, want := range wants {
 			policy := nftables.ChainPolicyAccept
 			hook := nftables.ChainHook(hookNum(want.Hook))
@@ -547,7 +551,7 @@ func applyRules(s Spec, obs Observed, rules []Rule, inPlace bool) error {
 					chainRules = append(chainRules, r)
 				}
 			}
-			if got := findChain(ts.Chains, want.Name); inPlace && ts.Present && !needsRebuild(ts, wants) && got != nil &&
+			if got := findChain(ts.Chains, want.Name); editable && got != nil &&
 				chainHeader(*got) == want.Header() && editChain(cc, t, ch, chainRules, *got) {
 				continue
 			}
