@@ -139,6 +139,16 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 			st.NICs = append(st.NICs, nb)
 		}
 	}
+	if p := h.pending; p != nil && !slices.ContainsFunc(st.NICs, func(n NICBinding) bool {
+		return n.Binding.Port == p.Binding.Port && !macEqual(n.Binding.MAC, p.Binding.MAC)
+	}) {
+		// A box about to start, as `new` planned its NIC: bound beside the running ones
+		// (replacing what this read saw of it mid-start: a port not on the bridge yet). Never
+		// over a running NIC with another MAC on that port: that is another instance of the
+		// name (its create is about to fail), and its binding stands.
+		st.NICs = slices.DeleteFunc(st.NICs, func(n NICBinding) bool { return n.Binding.Port == p.Binding.Port })
+		st.NICs = append(st.NICs, *p)
+	}
 	// Two NICs claiming one MAC or address cannot both be bound: neither is.
 	for i := range st.NICs {
 		for j := range st.NICs {
@@ -239,6 +249,8 @@ func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == 
 // (the port-rp-filter layer: see firewall.StrictRPFilter), and pins every bound port's MAC
 // in the bridge's FDB with learning off on the port, dropping stale pins (the fdb-pin layer:
 // see fdbpin.go).
+//
+// A pending port (h.pending: a box not started yet) has no veth to pin: only its rules go in.
 func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	forgetFullBind(h.Stack.Network)
 	t := time.Now()
@@ -272,7 +284,11 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	if err != nil {
 		return changed || pruned, fmt.Errorf("fdb pin: %w", err)
 	}
-	pinned, err := h.Kernel.PinFDB(h.Stack.Network, spec.Ports)
+	pin := spec.Ports
+	if h.pending != nil {
+		pin = slices.DeleteFunc(slices.Clone(pin), func(b firewall.PortBinding) bool { return b.Port == h.pending.Binding.Port })
+	}
+	pinned, err := h.Kernel.PinFDB(h.Stack.Network, pin)
 	if err != nil {
 		return changed || pruned || pinned, fmt.Errorf("fdb pin: %w", err)
 	}
@@ -294,8 +310,16 @@ func (h *Host) BindPorts(ctx context.Context) error {
 // cost about one round after the first rather than eight in a row (a purged CI run had three
 // of eight `new` give up after 30 s waiting behind the others). A zero since never skips.
 func (h *Host) bindPorts(ctx context.Context, since time.Time) (*StackState, error) {
+	st, _, err := h.round(ctx, since)
+	return st, err
+}
+
+// round is one read-then-apply under the bind lock (bindPorts), with h.pending bound too
+// when set. It returns the token it wrote with its stamp: while the stamp still holds it, no
+// other round has applied since (completeBind).
+func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string, error) {
 	if os.Geteuid() != 0 {
-		return nil, ErrBindNeedsRoot
+		return nil, "", ErrBindNeedsRoot
 	}
 	// One read-then-apply at a time per stack: two boxes starting at once must not have the
 	// later apply carry the earlier (staler) read and unbind the other's port. Everything it
@@ -304,35 +328,39 @@ func (h *Host) bindPorts(ctx context.Context, since time.Time) (*StackState, err
 	// behind theirs, and under load past HostLockWait (a purged CI run, twice).
 	unlock, err := lockFile(ctx, bindLockPath(h.Stack.Network), HostLockWait)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer unlock()
 	stamp := boundStampPath(h.Stack.Network)
-	if !since.IsZero() && lastFullBind(stamp).After(since) {
-		return nil, nil
+	if !since.IsZero() && h.pending == nil {
+		if at, _ := lastFullBind(stamp); at.After(since) {
+			return nil, "", nil
+		}
 	}
 	read := time.Now()
 	st := &StackState{Stack: h.Stack}
-	if err := h.readIncus(ctx, st); err != nil {
-		return nil, err
+	if err := h.readIncus(ctx, st, false); err != nil {
+		return nil, "", err
 	}
 	if st.Network == nil || st.Gateway == nil {
-		return nil, &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
+		return nil, "", &StackMissingError{Object: "network " + h.Stack.Network, Detail: "is missing or has no IPv4 address"}
 	}
 	t := time.Now()
 	if err := h.readBindings(ctx, st); err != nil {
-		return nil, fmt.Errorf("reading port bindings: %w", err)
+		return nil, "", fmt.Errorf("reading port bindings: %w", err)
 	}
 	incus.TraceStep("bind", "read instances, bridge ports, leases", t)
 	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
-		return st, fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
+		return st, "", fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
-	_ = os.WriteFile(stamp, []byte(strconv.FormatInt(read.UnixNano(), 10)), 0o600)
-	return st, nil
+	token := randomToken()
+	_ = os.WriteFile(stamp, []byte(strconv.FormatInt(read.UnixNano(), 10)+" "+token), 0o600)
+	return st, token, nil
 }
 
-// boundStampPath holds when the last round that bound every port read Incus (unix ns). It is
-// written and read under the bind lock, and lives in /run: a reboot forgets it with the tables.
+// boundStampPath holds when the last round that bound every port read Incus (unix ns) and
+// that round's token (see round). It is written and read under the bind lock, and lives in
+// /run: a reboot forgets it with the tables.
 func boundStampPath(network string) string {
 	return perDaemon("/run/claudebox-bound-" + network + ".stamp")
 }
@@ -343,17 +371,25 @@ func forgetFullBind(network string) {
 	_ = os.Remove(boundStampPath(network))
 }
 
-// lastFullBind is the read time stamp holds (zero when there is none).
-func lastFullBind(stamp string) time.Time {
+// lastFullBind is the read time stamp holds (zero when there is none) and the token of the
+// round that wrote it.
+func lastFullBind(stamp string) (time.Time, string) {
 	b, err := os.ReadFile(stamp)
 	if err != nil {
-		return time.Time{}
+		return time.Time{}, ""
 	}
-	ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return time.Time{}, ""
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
 	if err != nil {
-		return time.Time{}
+		return time.Time{}, ""
 	}
-	return time.Unix(0, ns)
+	if len(f) < 2 {
+		return time.Unix(0, ns), ""
+	}
+	return time.Unix(0, ns), f[1]
 }
 
 // ErrBindNeedsRoot: the port bindings are nftables rules; without root they cannot be applied.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // BindRound runs one bind round as a box verb does (skipped when a round that read Incus
@@ -17,4 +18,25 @@ func BindRound(ctx context.Context, h *Host, since time.Time) (ran bool, err err
 // OtherNetworks is the bind's cheap listing of the networks but the stack's own.
 func OtherNetworks(ctx context.Context, h *Host) ([]incus.Network, error) {
 	return h.otherNetworks(ctx)
+}
+
+// PlanNIC is new's choice of a box's NIC before the create (nil: none made), with the
+// address lock's release.
+func PlanNIC(ctx context.Context, bs *Boxes, box string) (*firewall.PortBinding, func(), error) {
+	p, release, err := bs.planNIC(ctx, box)
+	if p == nil {
+		return nil, release, err
+	}
+	return &p.Binding, release, err
+}
+
+// PreBind runs the bind before a start for box's planned NIC b and returns its token.
+func PreBind(ctx context.Context, bs *Boxes, box string, b firewall.PortBinding) (string, error) {
+	pb := <-bs.preBind(ctx, box, &plannedNIC{Binding: b})
+	return pb.token, pb.err
+}
+
+// CompleteBind is the step after the start for a bind before it that gave token.
+func CompleteBind(ctx context.Context, h *Host, box string, b firewall.PortBinding, token string) (bool, error) {
+	return h.completeBind(ctx, &preBound{nic: NICBinding{Box: box, Device: "eth0", Binding: b}, token: token})
 }

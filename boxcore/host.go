@@ -23,6 +23,9 @@ type Host struct {
 	Stack  Stack
 	// Kernel reads and writes the host's kernel state; tests may point it elsewhere.
 	Kernel Kernel
+	// pending is a NIC of a box about to start that a bind round binds as if it ran (see
+	// prebind.go); nil for every other round.
+	pending *NICBinding
 }
 
 // NewHost returns a Host for the given stack on the local kernel.

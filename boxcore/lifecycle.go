@@ -117,12 +117,28 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The budget warning lists every box: with dozens, that listing is the daemon's work and
+	// ours (JSON), so it runs beside the create, not before it.
+	warnMemory := m.memoryWarning(ctx, req.Config[KeyMemory])
 	req.Target = target
 	if err := interrupted(ctx, o.Name, "starting", false); err != nil {
 		return nil, err
 	}
+	// The port's address and MAC chosen here let its rules go in while Incus creates and
+	// starts the box (prebind.go), rather than after.
+	plan, release, err := bs.planNIC(ctx, o.Name)
+	if err != nil {
+		return nil, err
+	}
+	if plan != nil {
+		plan.apply(&req)
+	}
+	m.plan, m.pre = plan, bs.preBind(ctx, o.Name, plan)
 	started := time.Now()
-	if err := m.createInstance(ctx, req); err != nil {
+	err = m.createInstance(ctx, req)
+	release()
+	warnMemory()
+	if err != nil {
 		return nil, err
 	}
 	at, err := m.location(ctx, target)
@@ -187,6 +203,39 @@ type minting struct {
 	o     NewOptions // New's own copy: request may fill in FirstBoot for a clone
 	token string
 	clone bool
+	pre   <-chan *preBound // the bind before the start, until start hands it on
+	plan  *plannedNIC      // the NIC new chose (nil: Incus chose it)
+}
+
+// memoryWarning starts MemoryBudgetWarning for the box being made; the returned func waits
+// for it and warns.
+func (m *minting) memoryWarning(ctx context.Context, limit string) func() {
+	if m.bs.Warn == nil {
+		return func() {}
+	}
+	w := make(chan string, 1)
+	go func() { w <- m.bs.MemoryBudgetWarning(ctx, m.o.Name, limit) }()
+	return func() {
+		if s := <-w; s != "" {
+			m.bs.Warn(s)
+		}
+	}
+}
+
+// unbindPlanned drops the rules a bind made for a planned NIC whose box fail removed: waits
+// for the bind before the start if it still runs, then binds what runs now. Best effort, with
+// a context of its own (an interrupt must not leave a port's rules behind for the next round).
+func (m *minting) unbindPlanned() {
+	if m.plan == nil {
+		return
+	}
+	if m.pre != nil {
+		<-m.pre
+		m.pre = nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = m.bs.bindPorts(ctx, "")
 }
 
 func (m *minting) progress(p Progress) {
@@ -199,6 +248,7 @@ func (m *minting) progress(p Progress) {
 // whatever error the cut-short step returned.
 func (m *minting) fail(ctx context.Context, stage string, err error) error {
 	left := m.bs.discard(m.o.Name, m.token)
+	m.unbindPlanned()
 	if ierr := interrupted(ctx, m.o.Name, stage, left != nil); ierr != nil {
 		return ierr
 	}
@@ -234,11 +284,6 @@ func (m *minting) request(ctx context.Context) (incus.InstancesPost, error) {
 		cfg[k] = v
 	}
 	DefaultLimits().applyContainerKeys(req.Type, cfg, m.o.Processes)
-	if m.bs.Warn != nil {
-		if w := m.bs.MemoryBudgetWarning(ctx, m.o.Name, cfg[KeyMemory]); w != "" {
-			m.bs.Warn(w)
-		}
-	}
 	req.Config = cfg
 	return req, nil
 }
@@ -367,6 +412,7 @@ func (m *minting) createFailed(ctx context.Context, err error) error {
 		return m.fail(ctx, "creating", err)
 	}
 	m.bs.discard(m.o.Name, m.token)
+	m.unbindPlanned()
 	if errors.Is(err, incus.ErrConflict) || m.bs.heldByOther(m.o.Name, m.token) {
 		return Usagef("new: an instance named %s already exists: pick another --name", m.o.Name)
 	}
@@ -411,7 +457,9 @@ func (m *minting) start(ctx context.Context, at string) (<-chan error, error) {
 	if elsewhere != "" {
 		go func() { bound <- m.bs.awaitBound(ctx, m.o.Name, elsewhere) }()
 	} else {
-		go func() { bound <- m.bs.bindPorts(ctx, m.o.Name) }()
+		pre := m.pre
+		m.pre = nil // completeBind has it
+		go func() { bound <- m.bs.completeBind(ctx, m.o.Name, pre) }()
 	}
 	return bound, nil
 }

@@ -375,10 +375,10 @@ func MissingLimits(typ string, eff map[string]string) []string {
 // other running boxes exceeds the host's budget; "" otherwise. limit is the box's own
 // limits.memory value ("" for the profile's default). One instance list.
 func (bs *Boxes) MemoryBudgetWarning(ctx context.Context, name, limit string) string {
-	l := DefaultLimits()
 	if bs.Client.Remote() != "local" {
 		return "" // the host size read here is not that daemon's
 	}
+	l := DefaultLimits()
 	if limit == "" {
 		limit = l.MemoryValue()
 	}

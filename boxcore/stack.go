@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 )
@@ -206,6 +207,10 @@ func HostName(box string) string {
 
 // IsBoxNIC reports whether d is the eth0 claudebox gives box on stack s (BoxNIC), with the
 // host name of any box when box is "" (a clone's source keeps its own name until rewritten).
+//
+// The NIC may pin an IPv4 address (ipv4.address): `new` picks one so that the port's binding
+// is known before the box starts (address.go). Incus holds it to the network's subnet and to
+// no other NIC's address; the binding reads it like any reservation.
 func IsBoxNIC(d map[string]string, s Stack, box string) bool {
 	want := BoxNIC(s, box)
 	if box == "" {
@@ -213,6 +218,12 @@ func IsBoxNIC(d map[string]string, s Stack, box string) bool {
 			return false
 		}
 		want["host_name"] = d["host_name"]
+	}
+	if v, ok := d["ipv4.address"]; ok {
+		if a, err := netip.ParseAddr(v); err != nil || !a.Is4() {
+			return false
+		}
+		want["ipv4.address"] = v
 	}
 	return maps.Equal(d, want)
 }

@@ -113,7 +113,7 @@ type Sysctl struct {
 func (h *Host) Read(ctx context.Context) (*StackState, error) {
 	s := h.Stack
 	st := &StackState{Stack: s, BridgeMeta: firewall.BridgeMetaSupported()}
-	if err := h.readIncus(ctx, st); err != nil {
+	if err := h.readIncus(ctx, st, true); err != nil {
 		return nil, err
 	}
 	if err := h.readBindings(ctx, st); err != nil {
@@ -142,10 +142,14 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 	return st, nil
 }
 
-func (h *Host) readIncus(ctx context.Context, st *StackState) error {
+// readIncus reads the stack's Incus objects into st. A bind round (whole false) reads only
+// what the firewall spec is made of, the network and the other networks: the ACL and the
+// profile are `host check`'s, and reading the ACL costs the daemon a used-by scan over every
+// instance (40 ms with 30 boxes as one is created).
+func (h *Host) readIncus(ctx context.Context, st *StackState, whole bool) error {
 	s := h.Stack
-	// Four independent reads, side by side: each costs the daemon 2-14 ms, and every box
-	// start pays for them (the port binding reads the stack).
+	// Independent reads, side by side: each costs the daemon 2-14 ms, and every box start
+	// pays for them (the port binding reads the stack).
 	var (
 		n, etag          = incus.Network{}, ""
 		acl, aclTag      = incus.NetworkACL{}, ""
@@ -155,8 +159,12 @@ func (h *Host) readIncus(ctx context.Context, st *StackState) error {
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { n, etag, nErr = h.Client.Network(gctx, s.Network); return ignoreNotFound(nErr) })
-	g.Go(func() error { acl, aclTag, aErr = h.Client.NetworkACL(gctx, s.ACL); return ignoreNotFound(aErr) })
-	g.Go(func() error { prof, profTag, pErr = h.Client.Profile(gctx, s.Profile); return ignoreNotFound(pErr) })
+	if whole {
+		g.Go(func() error { acl, aclTag, aErr = h.Client.NetworkACL(gctx, s.ACL); return ignoreNotFound(aErr) })
+		g.Go(func() error { prof, profTag, pErr = h.Client.Profile(gctx, s.Profile); return ignoreNotFound(pErr) })
+	} else {
+		aErr, pErr = errNotRead, errNotRead
+	}
 	g.Go(func() (err error) { nets, err = h.otherNetworks(gctx); return err })
 	if err := g.Wait(); err != nil {
 		return err
@@ -239,6 +247,9 @@ func (h *Host) otherNetworks(ctx context.Context) ([]incus.Network, error) {
 }
 
 // ignoreNotFound: a missing stack object is state to report, not an error.
+// errNotRead stands for an object a partial read (readIncus) left out: st keeps it nil.
+var errNotRead = errors.New("not read")
+
 func ignoreNotFound(err error) error {
 	if errors.Is(err, incus.ErrNotFound) {
 		return nil
