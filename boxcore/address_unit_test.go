@@ -1,6 +1,7 @@
 package boxcore
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // new's address pick: the lowest host address that is neither the gateway nor reserved nor
@@ -100,4 +103,84 @@ func TestBindStamp(t *testing.T) {
 
 func fmtInt(format string, n int64) string {
 	return strings.Replace(format, "%d", strconv.FormatInt(n, 10), 1)
+}
+
+// A reservation holding the plan's address for another MAC (or its MAC for another address)
+// is another NIC's; the plan's own is not.
+func TestAddressHeldBy(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("INCUS_DIR", dir)
+	hosts := filepath.Join(dir, "networks", "n1", "dnsmasq.hosts")
+	if err := os.MkdirAll(hosts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := firewall.PortBinding{Port: "cbx1", MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0, 0, 1}, IPv4: netip.MustParseAddr("10.9.8.5")}
+	write := func(name, line string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(hosts, name), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("mine.eth0", "10:66:6a:00:00:01,10.9.8.5\n")
+	write("other.eth0", "10:66:6a:00:00:02,10.9.8.6\n")
+	if by := addressHeldBy("n1", b); by != "" {
+		t.Errorf("only its own reservation: held by %q", by)
+	}
+	write("other.eth0", "10:66:6a:00:00:02,10.9.8.5\n")
+	if by := addressHeldBy("n1", b); by != "other" {
+		t.Errorf("another MAC on its address: held by %q, want other", by)
+	}
+	write("other.eth0", "10:66:6a:00:00:01,10.9.8.9\n")
+	if by := addressHeldBy("n1", b); by != "other" {
+		t.Errorf("its MAC on another address: held by %q, want other", by)
+	}
+}
+
+// Pending records: a live mint's is read, a dead one's is removed; a pending NIC never
+// displaces a running NIC of another MAC on its port, and is unplugged until its veth is on
+// the bridge.
+func TestPending(t *testing.T) {
+	network := "cbtunit" + strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(pendingDir(network)) })
+	b := firewall.PortBinding{Port: "cbxaaaa", MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0, 0, 1}, IPv4: netip.MustParseAddr("10.9.8.5")}
+	if err := writePending(network, "live", b); err != nil {
+		t.Fatal(err)
+	}
+	dead := filepath.Join(pendingDir(network), "dead")
+	if err := os.WriteFile(dead, []byte("cbxbbbb 10:66:6a:00:00:02 10.9.8.6 999999999 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := readPendings(network)
+	if len(got) != 1 || got[0].Box != "live" || got[0].Binding.String() != b.String() {
+		t.Errorf("pendings %+v, want the live one alone", got)
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("a dead mint's record is still there (%v)", err)
+	}
+
+	st := &StackState{NICs: []NICBinding{{Box: "holder", Binding: firewall.PortBinding{Port: "cbxaaaa", MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 9, 9, 9}, IPv4: netip.MustParseAddr("10.9.8.7")}}}}
+	st.mergePending(got, map[string]bool{"cbxaaaa": true})
+	if len(st.NICs) != 1 || st.NICs[0].Box != "holder" {
+		t.Errorf("a pending NIC displaced a running one of another MAC: %+v", st.NICs)
+	}
+	st = &StackState{}
+	st.mergePending(got, map[string]bool{})
+	if len(st.NICs) != 1 || !st.Unplugged["cbxaaaa"] {
+		t.Errorf("a pending NIC before its veth: %+v, unplugged %v", st.NICs, st.Unplugged)
+	}
+	removePending(network, "live")
+	if got := readPendings(network); len(got) != 0 {
+		t.Errorf("after the mint's end: %+v", got)
+	}
+}
+
+// A verb's own NIC left unbound because it shares its address is the verb's error.
+func TestOwnBindErrorShared(t *testing.T) {
+	st := &StackState{NICs: []NICBinding{{Box: "a", Device: "eth0", Problem: "shares its MAC or address with b"}, {Box: "b", Device: "eth0", Problem: "shares its MAC or address with a"}}}
+	if err := ownBindError(st, "a", nil); err == nil || !strings.Contains(err.Error(), "shares") {
+		t.Errorf("own NIC sharing: %v, want an error", err)
+	}
+	if err := ownBindError(st, "c", nil); err != nil {
+		t.Errorf("another box's NICs: %v", err)
+	}
 }

@@ -139,16 +139,7 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 			st.NICs = append(st.NICs, nb)
 		}
 	}
-	if p := h.pending; p != nil && !slices.ContainsFunc(st.NICs, func(n NICBinding) bool {
-		return n.Binding.Port == p.Binding.Port && !macEqual(n.Binding.MAC, p.Binding.MAC)
-	}) {
-		// A box about to start, as `new` planned its NIC: bound beside the running ones
-		// (replacing what this read saw of it mid-start: a port not on the bridge yet). Never
-		// over a running NIC with another MAC on that port: that is another instance of the
-		// name (its create is about to fail), and its binding stands.
-		st.NICs = slices.DeleteFunc(st.NICs, func(n NICBinding) bool { return n.Binding.Port == p.Binding.Port })
-		st.NICs = append(st.NICs, *p)
-	}
+	st.mergePending(readPendings(h.Stack.Network), onBridge)
 	// Two NICs claiming one MAC or address cannot both be bound: neither is.
 	for i := range st.NICs {
 		for j := range st.NICs {
@@ -163,7 +154,7 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 
 // rereadBindings replaces what readBindings read into st with a fresh read.
 func (h *Host) rereadBindings(ctx context.Context, st *StackState) error {
-	st.NICs, st.Exposed, st.OddProxies = nil, nil, nil
+	st.NICs, st.Exposed, st.OddProxies, st.Unplugged = nil, nil, nil, nil
 	return h.readBindings(ctx, st)
 }
 
@@ -250,8 +241,9 @@ func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == 
 // in the bridge's FDB with learning off on the port, dropping stale pins (the fdb-pin layer:
 // see fdbpin.go).
 //
-// A pending port (h.pending: a box not started yet) has no veth to pin: only its rules go in.
-func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
+// A pending port whose veth is not there yet (st.Unplugged: a box `new` is starting) gets its
+// rules only; the `new` pins it once it runs.
+func (h *Host) applyL2(spec firewall.Spec, unplugged map[string]bool) (bool, error) {
 	forgetFullBind(h.Stack.Network)
 	t := time.Now()
 	changed, err := firewall.Apply(spec)
@@ -284,10 +276,7 @@ func (h *Host) applyL2(spec firewall.Spec) (bool, error) {
 	if err != nil {
 		return changed || pruned, fmt.Errorf("fdb pin: %w", err)
 	}
-	pin := spec.Ports
-	if h.pending != nil {
-		pin = slices.DeleteFunc(slices.Clone(pin), func(b firewall.PortBinding) bool { return b.Port == h.pending.Binding.Port })
-	}
+	pin := slices.DeleteFunc(slices.Clone(spec.Ports), func(b firewall.PortBinding) bool { return unplugged[b.Port] })
 	pinned, err := h.Kernel.PinFDB(h.Stack.Network, pin)
 	if err != nil {
 		return changed || pruned || pinned, fmt.Errorf("fdb pin: %w", err)
@@ -314,8 +303,8 @@ func (h *Host) bindPorts(ctx context.Context, since time.Time) (*StackState, err
 	return st, err
 }
 
-// round is one read-then-apply under the bind lock (bindPorts), with h.pending bound too
-// when set. It returns the token it wrote with its stamp: while the stamp still holds it, no
+// round is one read-then-apply under the bind lock (bindPorts), the pending NICs of boxes
+// being started by `new` bound too (prebind.go). It returns the token it wrote with its stamp: while the stamp still holds it, no
 // other round has applied since (completeBind).
 func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string, error) {
 	if os.Geteuid() != 0 {
@@ -332,7 +321,7 @@ func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string,
 	}
 	defer unlock()
 	stamp := boundStampPath(h.Stack.Network)
-	if !since.IsZero() && h.pending == nil {
+	if !since.IsZero() {
 		if at, _ := lastFullBind(stamp); at.After(since) {
 			return nil, "", nil
 		}
@@ -350,7 +339,7 @@ func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string,
 		return nil, "", fmt.Errorf("reading port bindings: %w", err)
 	}
 	incus.TraceStep("bind", "read instances, bridge ports, leases", t)
-	if _, err := h.applyL2(h.FirewallSpec(st)); err != nil {
+	if _, err := h.applyL2(h.FirewallSpec(st), st.Unplugged); err != nil {
 		return st, "", fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
 	token := randomToken()
@@ -488,7 +477,7 @@ func rpFilterActual(n NICBinding) string {
 func (st *StackState) portRPFilterOn(boxes []string) (bool, string) {
 	var strict, not []string
 	for _, n := range st.NICs {
-		if n.Problem != "" || boxes != nil && !slices.Contains(boxes, n.Box) {
+		if n.Problem != "" || boxes != nil && !slices.Contains(boxes, n.Box) || st.Unplugged[n.Binding.Port] {
 			continue
 		}
 		if a := rpFilterActual(n); a == "1" {
@@ -503,7 +492,7 @@ func (st *StackState) portRPFilterOn(boxes []string) (bool, string) {
 // rpFilter: one check row per bindable NIC's port.
 func (c *checker) rpFilter(st *StackState) {
 	for _, n := range st.NICs {
-		if n.Problem == "" {
+		if n.Problem == "" && !st.Unplugged[n.Binding.Port] { // a pending NIC's veth is not there yet
 			c.add("port rp_filter", n.Box+" "+n.Device+" port "+n.Binding.Port+" rp_filter", "1", rpFilterActual(n))
 		}
 	}

@@ -40,3 +40,6 @@ func PreBind(ctx context.Context, bs *Boxes, box string, b firewall.PortBinding)
 func CompleteBind(ctx context.Context, h *Host, box string, b firewall.PortBinding, token string) (bool, error) {
 	return h.completeBind(ctx, &preBound{nic: NICBinding{Box: box, Device: "eth0", Binding: b}, token: token})
 }
+
+// DropPending removes box's pending record, as the end of its mint does.
+func DropPending(bs *Boxes, box string) { removePending(bs.Stack.Network, box) }

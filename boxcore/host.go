@@ -23,9 +23,6 @@ type Host struct {
 	Stack  Stack
 	// Kernel reads and writes the host's kernel state; tests may point it elsewhere.
 	Kernel Kernel
-	// pending is a NIC of a box about to start that a bind round binds as if it ran (see
-	// prebind.go); nil for every other round.
-	pending *NICBinding
 }
 
 // NewHost returns a Host for the given stack on the local kernel.
@@ -272,7 +269,7 @@ func (h *Host) ApplyInit(ctx context.Context, p *InitPlan) ([]Change, error) {
 	if err := h.rereadBindings(ctx, p.state); err != nil {
 		return nil, fmt.Errorf("reading port bindings: %w", err)
 	}
-	if _, err := h.applyL2(h.firewallSpec(p.state, p.Gateway)); err != nil {
+	if _, err := h.applyL2(h.firewallSpec(p.state, p.Gateway), p.state.Unplugged); err != nil {
 		return nil, fmt.Errorf("applying nftables rules: %w", err)
 	}
 	for _, port := range p.unisolated {
@@ -508,7 +505,7 @@ func (h *Host) ApplyFirewall(ctx context.Context) (bool, error) {
 	// The boot unit runs this: drop_subtree_threshold is back to the kernel's default after
 	// every mount of the pool, so it is set again here (best effort: host check reports it).
 	h.ensurePoolQuota(ctx)
-	return h.applyL2(h.FirewallSpec(st))
+	return h.applyL2(h.FirewallSpec(st), st.Unplugged)
 }
 
 // FirewallSpec is the nftables spec of the stack as read (its gateway and the ranges boxes

@@ -136,6 +136,9 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	m.plan, m.pre = plan, bs.preBind(ctx, o.Name, plan)
 	started := time.Now()
 	err = m.createInstance(ctx, req)
+	if err == nil && plan != nil {
+		err = m.checkPlan(ctx, plan)
+	}
 	release()
 	warnMemory()
 	if err != nil {
@@ -207,6 +210,17 @@ type minting struct {
 	plan  *plannedNIC      // the NIC new chose (nil: Incus chose it)
 }
 
+// checkPlan: the create wrote the plan's reservation; no other NIC may hold its address or
+// MAC (Incus checks a static address against static ones only: one it allocated at the same
+// moment to a box started outside a plan would leave both ports unbindable).
+func (m *minting) checkPlan(ctx context.Context, plan *plannedNIC) error {
+	if other := addressHeldBy(m.bs.Stack.Network, plan.Binding); other != "" {
+		return m.fail(ctx, "creating", fmt.Errorf("new: %s's address %s or MAC %s is also %s's: %w; try again",
+			m.o.Name, plan.Binding.IPv4, plan.Binding.MAC, other, errAddressTaken))
+	}
+	return nil
+}
+
 // memoryWarning starts MemoryBudgetWarning for the box being made; the returned func waits
 // for it and warns.
 func (m *minting) memoryWarning(ctx context.Context, limit string) func() {
@@ -233,6 +247,7 @@ func (m *minting) unbindPlanned() {
 		<-m.pre
 		m.pre = nil
 	}
+	removePending(m.bs.Stack.Network, m.o.Name)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_ = m.bs.bindPorts(ctx, "")
@@ -845,6 +860,15 @@ func (bs *Boxes) bindPorts(ctx context.Context, box string) error {
 // ownBindError is what of a bind round's err is box's: all of it unless every failure is a
 // port pin (st then says which box each port is), else the pins of box's own ports.
 func ownBindError(st *StackState, box string, err error) error {
+	if st != nil && box != "" {
+		// A NIC that shares its address or MAC is left unbound with the other: the verb
+		// says so rather than leave the box running without its binding unremarked.
+		for _, n := range st.NICs {
+			if n.Box == box && strings.HasPrefix(n.Problem, "shares its MAC or address") {
+				return errors.Join(fmt.Errorf("%s %s cannot be bound: it %s", box, n.Device, n.Problem), err)
+			}
+		}
+	}
 	failed := unpinned(err)
 	if err == nil || st == nil || len(failed) == 0 {
 		return err

@@ -2,8 +2,16 @@ package boxcore
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
@@ -12,15 +20,15 @@ import (
 
 // Binding a new box's port while Incus creates and starts it (see address.go for the plan).
 //
-// preBind runs one ordinary round with the planned NIC added as if the box ran: every running
-// port is bound as always, and the new port's rules are in nftables before its veth exists.
-// completeBind, after the start, finishes what needs the veth (its FDB pin, its rp_filter) —
-// if nothing else applied since (the round's token still in the stamp: no other round, no
-// drill hole, no teardown) and the box came up as planned (its port on the bridge, Incus's
-// reservation for its MAC and address). Anything else, and it runs a full round instead,
-// exactly as a start without a plan does. The new port is never less bound than before: its
-// rules are there from the first frame, where a round after the start left the first frames
-// to Incus's NIC filtering alone.
+// `new` records its planned NIC as pending (a file under /run naming the minting process)
+// and runs an ordinary round: every round binds the pending NICs beside the running ones,
+// so the new port's rules are in nftables before its veth exists, and no other verb's round
+// in the meantime drops them. completeBind, after the start, finishes what needs the veth
+// (its FDB pin, its rp_filter) — if nothing else applied since (the round's token still in
+// the stamp: no other round, no drill hole, no teardown) and the box came up as planned (its
+// port on the bridge, Incus's reservation for its MAC and address, no other NIC's). Anything
+// else, and it runs a full round instead, as a start without a plan does. The pending record
+// goes when the mint ends; one whose process died is dropped by the next round.
 
 // preBound is what preBind did: the round's token, or why it did not.
 type preBound struct {
@@ -29,8 +37,8 @@ type preBound struct {
 	err   error
 }
 
-// preBind starts the round binding plan's port beside the running ones; the channel gives
-// its outcome once. A nil plan gives a nil channel (nothing to bind early).
+// preBind records plan's NIC as pending and starts the round binding it beside the running
+// ones; the channel gives its outcome once. A nil plan gives a nil channel.
 func (bs *Boxes) preBind(ctx context.Context, box string, plan *plannedNIC) <-chan *preBound {
 	if plan == nil {
 		return nil
@@ -39,31 +47,34 @@ func (bs *Boxes) preBind(ctx context.Context, box string, plan *plannedNIC) <-ch
 	go func() {
 		t := time.Now()
 		defer incus.TraceStep("bind", "bind before the start", t)
-		pb := &preBound{nic: NICBinding{Box: box, Device: "eth0", Binding: plan.Binding, IPFrom: "planned by new", Tagged: true, RPFilter: -1, RPFilterOwn: -1}}
+		pb := &preBound{nic: pendingNIC(box, plan.Binding)}
+		defer func() { out <- pb }()
+		if pb.err = writePending(bs.Stack.Network, box, plan.Binding); pb.err != nil {
+			return
+		}
 		if !bs.HostLocked {
 			unlock, err := bs.lockNetwork(ctx)
 			if err != nil {
 				pb.err = err
-				out <- pb
 				return
 			}
 			defer unlock()
 		}
-		h := NewHost(bs.Client, bs.Stack)
-		h.pending = &pb.nic
-		_, pb.token, pb.err = h.round(ctx, time.Time{})
-		out <- pb
+		_, pb.token, pb.err = NewHost(bs.Client, bs.Stack).round(ctx, time.Time{})
 	}()
 	return out
 }
 
 // completeBind binds box's port once its start is over: the pins of the round preBind ran
-// (pre's outcome), or a full round when that round is no longer what the kernel holds.
+// (pre's outcome), or a full round when that round is no longer what the kernel holds. The
+// box's pending record goes either way.
 func (bs *Boxes) completeBind(ctx context.Context, box string, pre <-chan *preBound) error {
 	if pre == nil {
 		return bs.bindPorts(ctx, box)
 	}
-	if pb := <-pre; pb.err == nil {
+	pb := <-pre
+	defer removePending(bs.Stack.Network, box)
+	if pb.err == nil {
 		if done, err := bs.pinPreBound(ctx, pb); done || err != nil {
 			return err
 		}
@@ -83,8 +94,8 @@ func (bs *Boxes) pinPreBound(ctx context.Context, pb *preBound) (bool, error) {
 	return NewHost(bs.Client, bs.Stack).completeBind(ctx, pb)
 }
 
-// completeBind pins pb's port and sets its rp_filter, if that round's token is still
-// the stamp's and the box came up as planned. done is false when it did nothing: the caller
+// completeBind pins pb's port and sets its rp_filter, if that round's token is still the
+// stamp's and the box came up as planned. done is false when it did nothing: the caller
 // runs a full round.
 func (h *Host) completeBind(ctx context.Context, pb *preBound) (done bool, err error) {
 	t := time.Now()
@@ -109,19 +120,128 @@ func (h *Host) completeBind(ctx context.Context, pb *preBound) (done bool, err e
 }
 
 // startedAsPlanned: b's port is on the stack's bridge and Incus reserved b's address for b's
-// MAC, and for no other.
+// MAC, and for no other NIC.
 func (h *Host) startedAsPlanned(b firewall.PortBinding) bool {
 	if _, err := os.Stat(filepath.Join(h.Kernel.Sys, "class/net", h.Stack.Network, "brif", b.Port)); err != nil {
 		return false
 	}
-	found := false
-	for _, e := range readDNSMasqHosts(h.Stack.Network) {
-		if e.ip == b.IPv4 {
-			if !macEqual(e.mac, b.MAC) {
-				return false
-			}
-			found = true
+	return addressHeldBy(h.Stack.Network, b) == ""
+}
+
+// addressHeldBy names the first reservation other than b's own that holds b's address or
+// MAC ("" when none does: b's address is b's alone). Incus checks a static address only
+// against other static ones, so an address it allocated to another NIC at the same moment
+// (an import's start, an older box's first) meets a planned one only here.
+func addressHeldBy(network string, b firewall.PortBinding) string {
+	hosts := readDNSMasqHosts(network)
+	for _, k := range slices.Sorted(maps.Keys(hosts)) {
+		e := hosts[k]
+		sameIP, sameMAC := e.ip == b.IPv4, macEqual(e.mac, b.MAC)
+		if sameIP != sameMAC {
+			return strings.TrimSuffix(k, ".eth0")
 		}
 	}
-	return found
+	return ""
 }
+
+// pendingNIC is the NICBinding a pending plan stands for.
+func pendingNIC(box string, b firewall.PortBinding) NICBinding {
+	return NICBinding{Box: box, Device: "eth0", Binding: b, IPFrom: "planned by new", RPFilter: -1, RPFilterOwn: -1}
+}
+
+// pendingDir holds one file per box `new` is starting on network: "PORT MAC IPV4 PID START",
+// the minting process and its start time (a reused pid is not it).
+func pendingDir(network string) string {
+	return perDaemon("/run/claudebox-pending-" + network)
+}
+
+func writePending(network, box string, b firewall.PortBinding) error {
+	dir := pendingDir(network)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("recording the planned NIC: %w", err)
+	}
+	pid := os.Getpid()
+	line := fmt.Sprintf("%s %s %s %d %s\n", b.Port, b.MAC, b.IPv4, pid, procStart(pid))
+	if err := os.WriteFile(filepath.Join(dir, box), []byte(line), 0o600); err != nil {
+		return fmt.Errorf("recording the planned NIC: %w", err)
+	}
+	return nil
+}
+
+func removePending(network, box string) {
+	_ = os.Remove(filepath.Join(pendingDir(network), box))
+}
+
+// readPendings are the pending NICs of live mints; a record whose process is gone (a killed
+// `new`) is removed.
+func readPendings(network string) []NICBinding {
+	dir := pendingDir(network)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []NICBinding
+	for _, e := range ents {
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		f := strings.Fields(string(b))
+		if err != nil || len(f) != 5 {
+			_ = os.Remove(path)
+			continue
+		}
+		pid, _ := strconv.Atoi(f[3])
+		if pid <= 0 || procStart(pid) != f[4] {
+			_ = os.Remove(path) // its `new` died: the round after it drops the rules
+			continue
+		}
+		mac, merr := net.ParseMAC(f[1])
+		ip, ierr := netip.ParseAddr(f[2])
+		if merr != nil || ierr != nil {
+			_ = os.Remove(path)
+			continue
+		}
+		out = append(out, pendingNIC(e.Name(), firewall.PortBinding{Port: f[0], MAC: mac, IPv4: ip}))
+	}
+	return out
+}
+
+// procStart is a process's start time in clock ticks since boot (/proc/PID/stat field 22),
+// "" when there is no such process.
+func procStart(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		if f := strings.Fields(s[i+1:]); len(f) > 19 {
+			return f[19]
+		}
+	}
+	return ""
+}
+
+// mergePending adds the pending NICs to what readBindings read: each replaces what was read
+// of its box mid-start (a port not on the bridge yet), never a running NIC of another MAC on
+// its port (another instance of the name: that `new` is about to be refused, and the running
+// box's binding stands).
+func (st *StackState) mergePending(pending []NICBinding, onBridge map[string]bool) {
+	for _, p := range pending {
+		if slices.ContainsFunc(st.NICs, func(n NICBinding) bool {
+			return n.Binding.Port == p.Binding.Port && !macEqual(n.Binding.MAC, p.Binding.MAC)
+		}) {
+			continue
+		}
+		st.NICs = slices.DeleteFunc(st.NICs, func(n NICBinding) bool { return n.Binding.Port == p.Binding.Port })
+		st.NICs = append(st.NICs, p)
+		if !onBridge[p.Binding.Port] {
+			if st.Unplugged == nil {
+				st.Unplugged = map[string]bool{}
+			}
+			st.Unplugged[p.Binding.Port] = true
+		}
+	}
+}
+
+// errAddressTaken: the planned address or MAC is another NIC's too.
+var errAddressTaken = errors.New("taken by another NIC as the box was made")

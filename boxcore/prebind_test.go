@@ -81,15 +81,23 @@ func TestPreBind(t *testing.T) {
 	if rules := portRules(t, s.Network, b.Port); !bindsTo(rules, b.MAC.String()) {
 		t.Fatalf("after the bind before the start: %s's rules %q, want them binding %s", b.Port, rules, b.MAC)
 	}
+	// Another verb's round while the mint runs keeps the pending port bound.
+	if err := h.BindPorts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rules := portRules(t, s.Network, b.Port); !bindsTo(rules, b.MAC.String()) {
+		t.Errorf("another round during the mint: %s's rules %q, want them binding %s still", b.Port, rules, b.MAC)
+	}
 	// The box never came up: the step after the start leaves it to a full round.
 	if done, err := boxcore.CompleteBind(ctx, h, ghost, *b, token); done || err != nil {
 		t.Errorf("complete for a port not on the bridge: done=%v err=%v, want a full round asked for", done, err)
 	}
+	boxcore.DropPending(bs, ghost) // the mint's end
 	if err := h.BindPorts(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if rules := portRules(t, s.Network, b.Port); len(rules) > 0 {
-		t.Errorf("a full round after: %s still has rules %q", b.Port, rules)
+		t.Errorf("a full round after the mint: %s still has rules %q", b.Port, rules)
 	}
 
 	// new: the NIC as planned, bound with no drift, the address Incus reserved.
@@ -123,6 +131,7 @@ func TestPreBind(t *testing.T) {
 	if done, err := boxcore.CompleteBind(ctx, h, first, planned, token); !done || err != nil {
 		t.Errorf("complete with nothing applied since: done=%v err=%v, want done", done, err)
 	}
+	boxcore.DropPending(bs, first)
 	// Another round between the two: the token is no longer the stamp's, a full round is asked.
 	if token, err = boxcore.PreBind(ctx, bs, first, planned); err != nil {
 		t.Fatal(err)
@@ -133,6 +142,7 @@ func TestPreBind(t *testing.T) {
 	if done, _ := boxcore.CompleteBind(ctx, h, first, planned, token); done {
 		t.Error("complete after another round applied: done, want a full round asked for")
 	}
+	boxcore.DropPending(bs, first)
 
 	// A plan for a name a running box holds (a new about to be refused) never rebinds that
 	// box's port to the plan's MAC, not even for the moment before the refusal.
@@ -146,6 +156,7 @@ func TestPreBind(t *testing.T) {
 	if rules := portRules(t, s.Network, n.veth); !bindsTo(rules, mac) || bindsTo(rules, squat.MAC.String()) {
 		t.Errorf("a plan for the taken name %s: its port's rules %q, want them binding %s alone", first, rules, mac)
 	}
+	boxcore.DropPending(bs, first)
 	_, err = bs.New(ctx, boxcore.NewOptions{Name: first, Image: img, Config: teststack.Tag()})
 	var ue *boxcore.UsageError
 	if !errors.As(err, &ue) {

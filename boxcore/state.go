@@ -51,6 +51,9 @@ type StackState struct {
 	NICs        []NICBinding
 	KernelBound []string
 	NoLLLearn   bool
+	// Unplugged are the ports of pending NICs (boxes `new` is starting: prebind.go) whose veth
+	// is not on the bridge yet: bound, not pinned.
+	Unplugged map[string]bool
 	// Exposed are the host ports the exposures of this stack's boxes listen on, running or
 	// not (expose.go): the guard answers them at a loopback address only.
 	Exposed []uint16
@@ -123,7 +126,9 @@ func (h *Host) Read(ctx context.Context) (*StackState, error) {
 		return nil, err
 	}
 	if st.Network != nil {
-		st.FDBPins, st.FDBStale, st.FDBErr = h.Kernel.FDBPins(s.Network, st.NICs)
+		// A pending NIC's veth is not there yet: its `new` pins it once it is.
+		plugged := slices.DeleteFunc(slices.Clone(st.NICs), func(n NICBinding) bool { return st.Unplugged[n.Binding.Port] })
+		st.FDBPins, st.FDBStale, st.FDBErr = h.Kernel.FDBPins(s.Network, plugged)
 	}
 	if err := h.readFirewall(st); err != nil {
 		return nil, err
