@@ -1,7 +1,11 @@
 package boxcore
 
 import (
+	"context"
+	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
 )
 
@@ -182,5 +187,42 @@ func TestOwnBindErrorShared(t *testing.T) {
 	}
 	if err := ownBindError(st, "c", nil); err != nil {
 		t.Errorf("another box's NICs: %v", err)
+	}
+}
+
+// A create whose wait is answered "Operation not found" has ended (the daemon keeps every
+// running operation on record): it succeeded if the instance carries this mint's token.
+func TestCreateOperationGone(t *testing.T) {
+	token := "tok-mine"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/1.0/instances":
+			w.WriteHeader(http.StatusAccepted)
+			json.NewEncoder(w).Encode(map[string]any{"type": "async", "status": "Operation created", "status_code": 100, "operation": "/1.0/operations/op1", "metadata": map[string]any{"id": "op1"}})
+		case strings.HasPrefix(r.URL.Path, "/1.0/operations/op1/wait"):
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": "Operation not found", "error_code": 404})
+		case r.URL.Path == "/1.0/instances/mine":
+			json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": incus.Instance{Name: "mine", Config: map[string]string{tagMint: token}}})
+		case r.URL.Path == "/1.0/instances/other":
+			json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": incus.Instance{Name: "other", Config: map[string]string{tagMint: "someone else's"}}})
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": "not found", "error_code": 404})
+		}
+	}))
+	defer srv.Close()
+	bs := &Boxes{Client: incus.NewHTTPClient(srv.URL, srv.Client())}
+	ctx := context.Background()
+	req := func(name string) incus.InstancesPost {
+		return incus.InstancesPost{Name: name, Config: map[string]string{tagMint: token}}
+	}
+	if err := bs.create(ctx, req("mine"), nil); err != nil {
+		t.Errorf("the instance with this mint's token: %v, want the create done", err)
+	}
+	for _, name := range []string{"other", "gone"} {
+		if err := bs.create(ctx, req(name), nil); err == nil {
+			t.Errorf("%s: the create reported done, want the wait's error", name)
+		}
 	}
 }
