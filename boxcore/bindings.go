@@ -159,6 +159,10 @@ func (h *Host) rereadBindings(ctx context.Context, st *StackState) error {
 }
 
 // Bindings are the bindings of every NIC that can be bound, for the firewall spec.
+//
+// They are in port order, whatever order they were read in: a box `new` is starting is merged
+// in last (pending), and a round that bound it so must leave the rules in the order the next
+// read gives (host check compares rule by rule, in order).
 func (st *StackState) Bindings() []firewall.PortBinding {
 	var out []firewall.PortBinding
 	for _, n := range st.NICs {
@@ -166,6 +170,7 @@ func (st *StackState) Bindings() []firewall.PortBinding {
 			out = append(out, n.Binding)
 		}
 	}
+	slices.SortFunc(out, func(a, b firewall.PortBinding) int { return strings.Compare(a.Port, b.Port) })
 	return out
 }
 

@@ -43,3 +43,6 @@ func CompleteBind(ctx context.Context, h *Host, box string, b firewall.PortBindi
 
 // DropPending removes box's pending record, as the end of its mint does.
 func DropPending(bs *Boxes, box string) { removePending(bs.Stack.Network, box) }
+
+// PendingDir is where network's pending NICs are recorded.
+func PendingDir(network string) string { return pendingDir(network) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -51,7 +52,14 @@ func bindsTo(rules []string, mac string) bool {
 func TestPreBind(t *testing.T) {
 	c := testenv.RequireIncus(t)
 	ctx := context.Background()
+	var network string
+	t.Cleanup(func() { // after the stack's teardown (cleanups run last first)
+		if _, err := os.Stat(boxcore.PendingDir(network)); network != "" && !os.IsNotExist(err) {
+			t.Errorf("after the teardown: %s is left (%v)", boxcore.PendingDir(network), err)
+		}
+	})
 	s := teststack.New(t, c, "prebind")
+	network = s.Network
 	bs := &boxcore.Boxes{Client: c, Stack: s, Version: "test"}
 	h := boxcore.NewHost(c, s)
 	img := teststack.ProbeImage(t, c)
@@ -193,6 +201,9 @@ func TestPreBind(t *testing.T) {
 		seen[nb.ip.String()] = nb.name
 	}
 	if r := mustCheck(t, h); !r.OK {
+		for _, d := range r.Drift() {
+			t.Logf("drift %s: %s: want %q, have %q", d.Layer, d.Item, d.Expected, d.Actual)
+		}
 		t.Errorf("after four at once: drift %v", driftItems(r))
 	}
 }

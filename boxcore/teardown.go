@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strings"
 
@@ -183,8 +184,9 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 		}
 		done = append(done, Change{"route unreachable " + subnet.String(), "remove"})
 	}
-	// Tables of a stack whose network is already gone still go.
+	// Tables of a stack whose network is already gone still go, and so do its pending NICs.
 	forgetFullBind(s.Network)
+	_ = os.RemoveAll(pendingDir(s.Network))
 	if removed, err := firewall.Remove(s.Network); err == nil && removed {
 		done = append(done, TeardownStep{DeleteTables, s.Network}.Change())
 	}
