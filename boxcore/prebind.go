@@ -16,6 +16,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
+	"github.com/claudebox/claudebox/internal/procstat"
 )
 
 // Binding a new box's port while Incus creates and starts it (see address.go for the plan).
@@ -150,7 +151,7 @@ func pendingNIC(box string, b firewall.PortBinding) NICBinding {
 }
 
 // pendingDir holds one file per box `new` is starting on network: "PORT MAC IPV4 PID START",
-// the minting process and its start time (a reused pid is not it).
+// the minting process and its start time (procstat: a reused pid is not it).
 func pendingDir(network string) string {
 	return perDaemon("/run/claudebox-pending-" + network)
 }
@@ -161,7 +162,11 @@ func writePending(network, box string, b firewall.PortBinding) error {
 		return fmt.Errorf("recording the planned NIC: %w", err)
 	}
 	pid := os.Getpid()
-	line := fmt.Sprintf("%s %s %s %d %s\n", b.Port, b.MAC, b.IPv4, pid, procStart(pid))
+	start, err := procstat.StartTime(pid)
+	if err != nil {
+		return fmt.Errorf("recording the planned NIC: %w", err)
+	}
+	line := fmt.Sprintf("%s %s %s %d %d\n", b.Port, b.MAC, b.IPv4, pid, start)
 	if err := os.WriteFile(filepath.Join(dir, box), []byte(line), 0o600); err != nil {
 		return fmt.Errorf("recording the planned NIC: %w", err)
 	}
@@ -190,7 +195,8 @@ func readPendings(network string) []NICBinding {
 			continue
 		}
 		pid, _ := strconv.Atoi(f[3])
-		if pid <= 0 || procStart(pid) != f[4] {
+		start, _ := strconv.ParseUint(f[4], 10, 64)
+		if !procstat.Alive(pid, start) {
 			_ = os.Remove(path) // its `new` died: the round after it drops the rules
 			continue
 		}
@@ -203,22 +209,6 @@ func readPendings(network string) []NICBinding {
 		out = append(out, pendingNIC(e.Name(), firewall.PortBinding{Port: f[0], MAC: mac, IPv4: ip}))
 	}
 	return out
-}
-
-// procStart is a process's start time in clock ticks since boot (/proc/PID/stat field 22),
-// "" when there is no such process.
-func procStart(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		if f := strings.Fields(s[i+1:]); len(f) > 19 {
-			return f[19]
-		}
-	}
-	return ""
 }
 
 // mergePending adds the pending NICs to what readBindings read: each replaces what was read

@@ -1,7 +1,6 @@
 package testcluster
 
 import (
-	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/claudebox/claudebox/internal/mounts"
+	"github.com/claudebox/claudebox/internal/procstat"
 )
 
 // StateRoot holds one directory per run: StateRoot/<run>/{owner,nets,m1/,m2/,...}.
@@ -77,7 +77,7 @@ func createRun(name string) (*runState, error) {
 		}
 	}
 	pid := os.Getpid()
-	st, err := procStart(pid)
+	st, err := procstat.StartTime(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -85,23 +85,6 @@ func createRun(name string) (*runState, error) {
 		return nil, err
 	}
 	return r, nil
-}
-
-// procStart returns a process's start time (field 22 of /proc/<pid>/stat, clock ticks).
-func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("malformed stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, errors.New("malformed stat")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // alive reports whether the run's owner process still runs. A directory without an owner
@@ -119,8 +102,7 @@ func (r *runState) alive() bool {
 	if _, err := fmt.Sscanf(string(b), "%d %d", &pid, &start); err != nil {
 		return false
 	}
-	got, err := procStart(pid)
-	return err == nil && got == start
+	return procstat.Alive(pid, start)
 }
 
 func (r *runState) nets() []*net.IPNet {
