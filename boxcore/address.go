@@ -12,6 +12,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
+	"github.com/claudebox/claudebox/internal/addr4"
 	"github.com/claudebox/claudebox/internal/netdump"
 	"github.com/vishvananda/netlink"
 )
@@ -136,22 +137,13 @@ func addressesInUse(network string) (map[netip.Addr]bool, map[string]bool) {
 // used (Incus's own allocator also takes the lowest; the drill's stand-in takes the highest).
 func freeAddress(gw netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
 	sn := gw.Masked()
-	last := lastAddr(sn)
+	last := addr4.Last(sn)
 	for a := sn.Addr().Next(); a.IsValid() && a.Less(last); a = a.Next() {
 		if a != gw.Addr() && !used[a] {
 			return a, true
 		}
 	}
 	return netip.Addr{}, false
-}
-
-// lastAddr is a prefix's broadcast address.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().As4()
-	for i := p.Bits(); i < 32; i++ {
-		b[i/8] |= 1 << (7 - i%8)
-	}
-	return netip.AddrFrom4(b)
 }
 
 // freeMAC is a random MAC in Incus's own range (10:66:6a) that no NIC has.

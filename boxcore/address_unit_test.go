@@ -33,9 +33,6 @@ func TestFreeAddress(t *testing.T) {
 	if a, ok := freeAddress(small, nil); !ok || a != netip.MustParseAddr("10.9.8.1") {
 		t.Errorf("a /30 with its gateway at .2: %v %v, want 10.9.8.1", a, ok)
 	}
-	if b := lastAddr(netip.MustParsePrefix("10.9.8.77/22")); b != netip.MustParseAddr("10.9.11.255") {
-		t.Errorf("broadcast of 10.9.8.0/22: %v", b)
-	}
 }
 
 // The reservations and leases Incus's dnsmasq holds are the addresses and MACs in use.

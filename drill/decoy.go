@@ -18,6 +18,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore"
 	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/internal/addr4"
 )
 
 // Names of what the decoy puts on the host. Everything carries the run id, and the prefixes
@@ -122,17 +123,6 @@ func (a avoid) free(ip netip.Addr) bool {
 	return true
 }
 
-func addrAdd(ip netip.Addr, d int64) netip.Addr {
-	b := ip.As4()
-	v := int64(b[0])<<24 | int64(b[1])<<16 | int64(b[2])<<8 | int64(b[3])
-	v += d
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	return addrAdd(p.Addr(), (int64(1)<<(32-p.Bits()))-1)
-}
-
 // pickEdges returns the low and high edge of a range (first and last usable address),
 // stepping inward by 256 while an address collides with the host.
 func pickEdges(cidr string, a avoid) ([]netip.Addr, error) {
@@ -141,14 +131,14 @@ func pickEdges(cidr string, a avoid) ([]netip.Addr, error) {
 	for _, start := range []struct {
 		ip   netip.Addr
 		step int64
-	}{{addrAdd(p.Addr(), 1), 256}, {addrAdd(lastAddr(p), -1), -256}} {
+	}{{addr4.Add(p.Addr(), 1), 256}, {addr4.Add(addr4.Last(p), -1), -256}} {
 		ip := start.ip
 		for i := 0; i < 4096 && p.Contains(ip); i++ {
 			if a.free(ip) {
 				out = append(out, ip)
 				break
 			}
-			ip = addrAdd(ip, start.step)
+			ip = addr4.Add(ip, start.step)
 		}
 	}
 	if len(out) == 0 {
@@ -185,12 +175,12 @@ func PlanDecoy(run string) (*Decoy, error) {
 	// One free /24 of 198.18.0.0/15: .10 is the public decoy, .20 the other network,
 	// .248/30 and .252/30 the transfer nets of the uplink and LAN sides.
 	pub := netip.MustParsePrefix(publicRange)
-	for ip := pub.Addr(); pub.Contains(ip); ip = addrAdd(ip, 256) {
+	for ip := pub.Addr(); pub.Contains(ip); ip = addr4.Add(ip, 256) {
 		p24 := netip.PrefixFrom(ip, 24)
-		if a.free(ip) && a.free(addrAdd(ip, 255)) && overlapsNone(p24, a) {
-			d.Public, d.Other, d.Forged = addrAdd(ip, 10), addrAdd(ip, 20), addrAdd(ip, 30)
-			d.Uplink.HostAddr, d.Uplink.NSAddr = addrAdd(ip, 249), addrAdd(ip, 250)
-			d.LAN.HostAddr, d.LAN.NSAddr = addrAdd(ip, 253), addrAdd(ip, 254)
+		if a.free(ip) && a.free(addr4.Add(ip, 255)) && overlapsNone(p24, a) {
+			d.Public, d.Other, d.Forged = addr4.Add(ip, 10), addr4.Add(ip, 20), addr4.Add(ip, 30)
+			d.Uplink.HostAddr, d.Uplink.NSAddr = addr4.Add(ip, 249), addr4.Add(ip, 250)
+			d.LAN.HostAddr, d.LAN.NSAddr = addr4.Add(ip, 253), addr4.Add(ip, 254)
 			break
 		}
 	}

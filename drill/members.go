@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/claudebox/claudebox/drill/probes"
+	"github.com/claudebox/claudebox/internal/addr4"
 )
 
 // Boxes of other members. On a cluster every member's bridge has the same subnet (the
@@ -151,7 +152,7 @@ type ForeignBox struct {
 // the gateway nor held by any lease (a box here with it would answer for it).
 func PlanForeign(run string, gateway netip.Prefix, used []netip.Addr) (*ForeignBox, error) {
 	f := &ForeignBox{NS: NetnsPrefix + run + "-m", HostVeth: VethPrefix + run + "j", NSVeth: VethPrefix + run + "k", Subnet: gateway.Masked()}
-	for ip := addrAdd(lastAddr(f.Subnet), -1); f.Subnet.Contains(ip) && ip != f.Subnet.Addr(); ip = addrAdd(ip, -1) {
+	for ip := addr4.Add(addr4.Last(f.Subnet), -1); f.Subnet.Contains(ip) && ip != f.Subnet.Addr(); ip = addr4.Add(ip, -1) {
 		if ip != gateway.Addr() && !slices.Contains(used, ip) {
 			f.Addr = ip
 			return f, nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/claudebox/claudebox/boxcore/templates"
+	"github.com/claudebox/claudebox/internal/addr4"
 )
 
 // The nested claim: a container that Docker runs inside a box reaches what the box reaches
@@ -105,5 +106,5 @@ func nestedPrefix(d *Decoy) netip.Prefix {
 	if d == nil || !d.Public.IsValid() {
 		return netip.Prefix{}
 	}
-	return netip.PrefixFrom(addrAdd(d.Public, 30), 30) // .40/30: the /24's .10 is the public decoy
+	return netip.PrefixFrom(addr4.Add(d.Public, 30), 30) // .40/30: the /24's .10 is the public decoy
 }
