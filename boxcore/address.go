@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/firewall"
@@ -116,18 +115,13 @@ func addressesInUse(network string) (map[netip.Addr]bool, map[string]bool) {
 	for _, h := range readDNSMasqHosts(network) {
 		ips[h.ip], macs[h.mac.String()] = true, true
 	}
-	if b, err := os.ReadFile(filepath.Join(incusDir(), "networks", network, "dnsmasq.leases")); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 3 || f[0] == "duid" {
-				continue
-			}
-			if ip, err := netip.ParseAddr(f[2]); err == nil {
-				ips[ip] = true
-			}
-			if m, err := net.ParseMAC(f[1]); err == nil {
-				macs[m.String()] = true
-			}
+	leases, _ := Leases(filepath.Join(incusDir(), "networks", network, "dnsmasq.leases"))
+	for _, l := range leases {
+		if l.IP.IsValid() {
+			ips[l.IP] = true
+		}
+		if m, err := net.ParseMAC(l.MAC); err == nil {
+			macs[m.String()] = true
 		}
 	}
 	return ips, macs

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -194,8 +195,8 @@ type Lease struct {
 	Name string
 }
 
-// NamedLeases lists the leases of a dnsmasq lease file that carry a host name (see LeaseNames).
-func NamedLeases(path string) ([]Lease, error) {
+// Leases lists the leases of a dnsmasq lease file ("*" for a lease without a host name).
+func Leases(path string) ([]Lease, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -206,12 +207,18 @@ func NamedLeases(path string) ([]Lease, error) {
 	var out []Lease
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 4 && f[0] != "duid" && f[3] != "*" {
+		if len(f) >= 4 && f[0] != "duid" {
 			ip, _ := netip.ParseAddr(f[2])
 			out = append(out, Lease{MAC: f[1], IP: ip, Name: f[3]})
 		}
 	}
 	return out, nil
+}
+
+// NamedLeases lists the leases of a dnsmasq lease file that carry a host name (see LeaseNames).
+func NamedLeases(path string) ([]Lease, error) {
+	leases, err := Leases(path)
+	return slices.DeleteFunc(leases, func(l Lease) bool { return l.Name == "*" }), err
 }
 
 // LeaseNames lists the host names recorded in a dnsmasq lease file. With dhcp-ignore-names
