@@ -145,12 +145,16 @@ func (h *Host) readBindings(ctx context.Context, st *StackState) error {
 		for j := range st.NICs {
 			a, b := &st.NICs[i], &st.NICs[j]
 			if i != j && a.Problem == "" && b.Problem == "" && (a.Binding.IPv4 == b.Binding.IPv4 || macEqual(a.Binding.MAC, b.Binding.MAC)) {
-				a.Problem = "shares its MAC or address with " + b.Box
+				a.Problem = problemShared + b.Box
 			}
 		}
 	}
 	return nil
 }
+
+// problemShared begins the Problem of a NIC whose MAC or address another NIC has too: neither
+// is bound, and the verbs of either box say so (ownBindError).
+const problemShared = "shares its MAC or address with "
 
 // rereadBindings replaces what readBindings read into st with a fresh read.
 func (h *Host) rereadBindings(ctx context.Context, st *StackState) error {
@@ -309,8 +313,8 @@ func (h *Host) bindPorts(ctx context.Context, since time.Time) (*StackState, err
 }
 
 // round is one read-then-apply under the bind lock (bindPorts), the pending NICs of boxes
-// being started by `new` bound too (prebind.go). It returns the token it wrote with its stamp: while the stamp still holds it, no
-// other round has applied since (completeBind).
+// being started by `new` bound too (prebind.go). It returns the token it wrote with its
+// stamp: while the stamp still holds it, no other round has applied since (completeBind).
 func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string, error) {
 	if os.Geteuid() != 0 {
 		return nil, "", ErrBindNeedsRoot

@@ -874,7 +874,7 @@ func ownBindError(st *StackState, box string, err error) error {
 		// A NIC that shares its address or MAC is left unbound with the other: the verb
 		// says so rather than leave the box running without its binding unremarked.
 		for _, n := range st.NICs {
-			if n.Box == box && strings.HasPrefix(n.Problem, "shares its MAC or address") {
+			if n.Box == box && strings.HasPrefix(n.Problem, problemShared) {
 				return errors.Join(fmt.Errorf("%s %s cannot be bound: it %s", box, n.Device, n.Problem), err)
 			}
 		}

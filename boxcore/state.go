@@ -251,10 +251,10 @@ func (h *Host) otherNetworks(ctx context.Context) ([]incus.Network, error) {
 	return out, nil
 }
 
-// ignoreNotFound: a missing stack object is state to report, not an error.
 // errNotRead stands for an object a partial read (readIncus) left out: st keeps it nil.
 var errNotRead = errors.New("not read")
 
+// ignoreNotFound: a missing stack object is state to report, not an error.
 func ignoreNotFound(err error) error {
 	if errors.Is(err, incus.ErrNotFound) {
 		return nil
