@@ -3,6 +3,7 @@ package boxcore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -35,24 +36,28 @@ func TestFreeAddress(t *testing.T) {
 	}
 }
 
-// The reservations and leases Incus's dnsmasq holds are the addresses and MACs in use.
-func TestAddressesInUse(t *testing.T) {
-	dir := t.TempDir()
-	t.Setenv("INCUS_DIR", dir)
-	hosts := filepath.Join(dir, "networks", "n1", "dnsmasq.hosts")
-	if err := os.MkdirAll(hosts, 0o755); err != nil {
+// fakeNetworkN1 points INCUS_DIR at a temporary tree holding network n1's dnsmasq.hosts/;
+// write puts a file under n1's directory.
+func fakeNetworkN1(t *testing.T) (write func(rel, content string)) {
+	dir := filepath.Join(t.TempDir(), "networks", "n1")
+	t.Setenv("INCUS_DIR", filepath.Dir(filepath.Dir(dir)))
+	if err := os.MkdirAll(filepath.Join(dir, "dnsmasq.hosts"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	must := func(err error) {
+	return func(rel, content string) {
 		t.Helper()
-		if err != nil {
+		if err := os.WriteFile(filepath.Join(dir, rel), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(os.WriteFile(filepath.Join(hosts, "a.eth0"), []byte("10:66:6a:00:00:01,10.9.8.5\n"), 0o644))
-	must(os.WriteFile(filepath.Join(hosts, "proj_b.eth0"), []byte("10:66:6a:00:00:02,10.9.8.6,b\n"), 0o644))
-	must(os.WriteFile(filepath.Join(dir, "networks", "n1", "dnsmasq.leases"),
-		[]byte("1796469458 10:66:6a:00:00:03 10.9.8.7 * *\nduid 00:01:00:01\n"), 0o644))
+}
+
+// The reservations and leases Incus's dnsmasq holds are the addresses and MACs in use.
+func TestAddressesInUse(t *testing.T) {
+	write := fakeNetworkN1(t)
+	write("dnsmasq.hosts/a.eth0", "10:66:6a:00:00:01,10.9.8.5\n")
+	write("dnsmasq.hosts/proj_b.eth0", "10:66:6a:00:00:02,10.9.8.6,b\n")
+	write("dnsmasq.leases", "1796469458 10:66:6a:00:00:03 10.9.8.7 * *\nduid 00:01:00:01\n")
 	ips, macs := addressesInUse("n1")
 	for _, a := range []string{"10.9.8.5", "10.9.8.6", "10.9.8.7"} {
 		if !ips[netip.MustParseAddr(a)] {
@@ -94,7 +99,7 @@ func TestBindStamp(t *testing.T) {
 	}
 	now := time.Now()
 	for content, want := range map[string]string{"%d": "", "%d tok1": "tok1", "%d tok2\n": "tok2"} {
-		if err := os.WriteFile(p, []byte(fmtInt(content, now.UnixNano())), 0o600); err != nil {
+		if err := os.WriteFile(p, []byte(fmt.Sprintf(content, now.UnixNano())), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if at, tok := lastFullBind(p); !at.Equal(time.Unix(0, now.UnixNano())) || tok != want {
@@ -103,26 +108,12 @@ func TestBindStamp(t *testing.T) {
 	}
 }
 
-func fmtInt(format string, n int64) string {
-	return strings.Replace(format, "%d", strconv.FormatInt(n, 10), 1)
-}
-
 // A reservation holding the plan's address for another MAC (or its MAC for another address)
 // is another NIC's; the plan's own is not.
 func TestAddressHeldBy(t *testing.T) {
-	dir := t.TempDir()
-	t.Setenv("INCUS_DIR", dir)
-	hosts := filepath.Join(dir, "networks", "n1", "dnsmasq.hosts")
-	if err := os.MkdirAll(hosts, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	hosts := fakeNetworkN1(t)
+	write := func(name, line string) { hosts("dnsmasq.hosts/"+name, line) }
 	b := firewall.PortBinding{Port: "cbx1", MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0, 0, 1}, IPv4: netip.MustParseAddr("10.9.8.5")}
-	write := func(name, line string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(hosts, name), []byte(line), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	write("mine.eth0", "10:66:6a:00:00:01,10.9.8.5\n")
 	write("other.eth0", "10:66:6a:00:00:02,10.9.8.6\n")
 	if by := addressHeldBy("n1", b); by != "" {
