@@ -25,11 +25,6 @@ import (
 // the box runs: the round binds it while Incus creates and starts the box, and only the
 // port's own kernel state (its FDB pin, rp_filter) waits for the veth (prebind.go).
 
-// plannedNIC is a new box's eth0 as `new` chose it: port name, MAC and IPv4 address.
-type plannedNIC struct {
-	Binding firewall.PortBinding
-}
-
 // addrLockPath serialises choosing an address with creating the instance that reserves it:
 // two `new` picking the same free address would both fail at start (Incus refuses a static
 // address another NIC defines, and it refuses both).
@@ -37,13 +32,13 @@ func addrLockPath(network string) string {
 	return perDaemon("/run/claudebox-addr-" + network + ".lock")
 }
 
-// planNIC picks a free IPv4 address on the stack's bridge and an unused MAC for box, holding
-// the address lock until release is called (after the create). It plans nothing (nil, no
-// error) where the port is not this kernel's to bind (a remote daemon, a cluster: the
-// member's agent binds) or the bridge has no IPv4 address this moment: Incus then allocates
-// at start, and the box is bound after it, as before. Without root nothing binds at all
-// (bindPorts says so).
-func (bs *Boxes) planNIC(ctx context.Context, box string) (plan *plannedNIC, release func(), err error) {
+// planNIC picks a free IPv4 address on the stack's bridge and an unused MAC for box — the
+// plan: box's eth0 as its port will be bound — holding the address lock until release is
+// called (after the create). It plans nothing (nil, no error) where the port is not this
+// kernel's to bind (a remote daemon, a cluster: the member's agent binds) or the bridge has
+// no IPv4 address this moment: Incus then allocates at start, and the box is bound after it,
+// as before. Without root nothing binds at all (bindPorts says so).
+func (bs *Boxes) planNIC(ctx context.Context, box string) (plan *firewall.PortBinding, release func(), err error) {
 	release = func() {}
 	if bs.Client.Remote() != "local" || os.Geteuid() != 0 {
 		return nil, release, nil
@@ -75,13 +70,13 @@ func (bs *Boxes) planNIC(ctx context.Context, box string) (plan *plannedNIC, rel
 		unlock()
 		return nil, release, err
 	}
-	return &plannedNIC{Binding: firewall.PortBinding{Port: HostName(box), MAC: mac, IPv4: ip}}, unlock, nil
+	return &firewall.PortBinding{Port: HostName(box), MAC: mac, IPv4: ip}, unlock, nil
 }
 
-// apply puts the plan on the create request: the NIC's static address and its MAC.
-func (p *plannedNIC) apply(req *incus.InstancesPost) {
-	req.Devices["eth0"]["ipv4.address"] = p.Binding.IPv4.String()
-	req.Config["volatile.eth0.hwaddr"] = p.Binding.MAC.String()
+// applyPlan puts plan on the create request: the NIC's static address and its MAC.
+func applyPlan(req *incus.InstancesPost, plan *firewall.PortBinding) {
+	req.Devices["eth0"]["ipv4.address"] = plan.IPv4.String()
+	req.Config["volatile.eth0.hwaddr"] = plan.MAC.String()
 }
 
 // bridgeIPv4 is the bridge's IPv4 address and prefix as the kernel has it now.

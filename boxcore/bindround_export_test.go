@@ -23,16 +23,12 @@ func OtherNetworks(ctx context.Context, h *Host) ([]incus.Network, error) {
 // PlanNIC is new's choice of a box's NIC before the create (nil: none made), with the
 // address lock's release.
 func PlanNIC(ctx context.Context, bs *Boxes, box string) (*firewall.PortBinding, func(), error) {
-	p, release, err := bs.planNIC(ctx, box)
-	if p == nil {
-		return nil, release, err
-	}
-	return &p.Binding, release, err
+	return bs.planNIC(ctx, box)
 }
 
 // PreBind runs the bind before a start for box's planned NIC b and returns its token.
 func PreBind(ctx context.Context, bs *Boxes, box string, b firewall.PortBinding) (string, error) {
-	pb := <-bs.preBind(ctx, box, &plannedNIC{Binding: b})
+	pb := <-bs.preBind(ctx, box, &b)
 	return pb.token, pb.err
 }
 

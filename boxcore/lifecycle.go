@@ -17,6 +17,7 @@ import (
 
 	"github.com/claudebox/claudebox/boxcore/incus"
 	"github.com/claudebox/claudebox/boxcore/templates"
+	"github.com/claudebox/claudebox/firewall"
 )
 
 // Provenance tags every box carries besides TagKey.
@@ -131,7 +132,7 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 		return nil, err
 	}
 	if plan != nil {
-		plan.apply(&req)
+		applyPlan(&req, plan)
 	}
 	m.plan, m.pre = plan, bs.preBind(ctx, o.Name, plan)
 	started := time.Now()
@@ -206,17 +207,17 @@ type minting struct {
 	o     NewOptions // New's own copy: request may fill in FirstBoot for a clone
 	token string
 	clone bool
-	pre   <-chan *preBound // the bind before the start, until start hands it on
-	plan  *plannedNIC      // the NIC new chose (nil: Incus chose it)
+	pre   <-chan *preBound      // the bind before the start, until start hands it on
+	plan  *firewall.PortBinding // the NIC new chose (nil: Incus chose it)
 }
 
 // checkPlan: the create wrote the plan's reservation; no other NIC may hold its address or
 // MAC (Incus checks a static address against static ones only: one it allocated at the same
 // moment to a box started outside a plan would leave both ports unbindable).
-func (m *minting) checkPlan(ctx context.Context, plan *plannedNIC) error {
-	if other := addressHeldBy(m.bs.Stack.Network, plan.Binding); other != "" {
+func (m *minting) checkPlan(ctx context.Context, plan *firewall.PortBinding) error {
+	if other := addressHeldBy(m.bs.Stack.Network, *plan); other != "" {
 		return m.fail(ctx, "creating", fmt.Errorf("new: %s's address %s or MAC %s is also %s's: %w; try again",
-			m.o.Name, plan.Binding.IPv4, plan.Binding.MAC, other, errAddressTaken))
+			m.o.Name, plan.IPv4, plan.MAC, other, errAddressTaken))
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ type preBound struct {
 
 // preBind records plan's NIC as pending and starts the round binding it beside the running
 // ones; the channel gives its outcome once. A nil plan gives a nil channel.
-func (bs *Boxes) preBind(ctx context.Context, box string, plan *plannedNIC) <-chan *preBound {
+func (bs *Boxes) preBind(ctx context.Context, box string, plan *firewall.PortBinding) <-chan *preBound {
 	if plan == nil {
 		return nil
 	}
@@ -48,9 +48,9 @@ func (bs *Boxes) preBind(ctx context.Context, box string, plan *plannedNIC) <-ch
 	go func() {
 		t := time.Now()
 		defer incus.TraceStep("bind", "bind before the start", t)
-		pb := &preBound{nic: pendingNIC(box, plan.Binding)}
+		pb := &preBound{nic: pendingNIC(box, *plan)}
 		defer func() { out <- pb }()
-		if pb.err = writePending(bs.Stack.Network, box, plan.Binding); pb.err != nil {
+		if pb.err = writePending(bs.Stack.Network, box, *plan); pb.err != nil {
 			return
 		}
 		if !bs.HostLocked {
