@@ -86,6 +86,9 @@ type FirstBoot struct {
 	Baked bool
 	// Warn receives a line for the user (an image without cloud-init); may be nil.
 	Warn func(string)
+	// noCloudInit: the box's root, read on the host before its start, has no cloud-init
+	// (lacksCommand), so there is nothing to ask the box.
+	noCloudInit bool
 }
 
 // FirstBootError is cloud-init failing or timing out: the stage, its errors and the log tail.
@@ -129,16 +132,13 @@ func (bs *Boxes) waitFirstBoot(ctx context.Context, b *Box, fb FirstBoot) (ran b
 	errBound := fmt.Errorf("cloud-init did not finish within %s", fb.Timeout)
 	ctx, cancel := context.WithTimeoutCause(ctx, fb.Timeout, errBound)
 	defer cancel()
+	if fb.noCloudInit {
+		return false, withoutCloudInit(b, fb)
+	}
 	res, err := bs.ExecWhenReady(ctx, b.Name, templates.WaitCommand())
 	if err != nil {
 		if isCommandNotFound(err) {
-			if fb.Required {
-				return false, Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", b.Instance.Config[TagFrom])
-			}
-			if fb.Warn != nil {
-				fb.Warn(fmt.Sprintf("note: image %s has no cloud-init: %s was minted without its template (no claude user, no Claude Code)", b.Instance.Config[TagFrom], b.Name))
-			}
-			return false, nil
+			return false, withoutCloudInit(b, fb)
 		}
 		if ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != errBound {
@@ -203,6 +203,18 @@ func agentNotReady(err error) bool {
 	s := strings.ToLower(err.Error())
 	return strings.Contains(s, "agent isn't currently running") || strings.Contains(s, "agent is not running") ||
 		strings.Contains(s, "vm agent isn't") || strings.Contains(s, "failed to connect to the vm agent")
+}
+
+// withoutCloudInit is the outcome of a first boot in an image that has no cloud-init: an
+// error when the template was asked for by name, else a note.
+func withoutCloudInit(b *Box, fb FirstBoot) error {
+	if fb.Required {
+		return Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", b.Instance.Config[TagFrom])
+	}
+	if fb.Warn != nil {
+		fb.Warn(fmt.Sprintf("note: image %s has no cloud-init: %s was minted without its template (no claude user, no Claude Code)", b.Instance.Config[TagFrom], b.Name))
+	}
+	return nil
 }
 
 func isCommandNotFound(err error) bool {

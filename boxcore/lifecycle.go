@@ -145,6 +145,11 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.o.FirstBoot != nil && plan != nil && lacksCommand(o.Name, "cloud-init") {
+		fb := *m.o.FirstBoot
+		fb.noCloudInit = true
+		m.o.FirstBoot = &fb
+	}
 	at, err := m.location(ctx, target)
 	if err != nil {
 		return nil, err
