@@ -190,9 +190,10 @@ func TestPortBinding(t *testing.T) {
 	}
 }
 
-// The bind lists the other networks by name and asks only about what is no veth: the same
-// managed networks as the daemon's full listing (every box's veth makes that one slower), a
-// second test stack's network among them, the stack's own not.
+// The bind lists the other networks by name and asks only about bridges and names with no
+// kernel link (never a host interface such as a veth, lo or eth0): the same managed networks
+// as the daemon's full listing (every box's veth makes that one slower), a second test
+// stack's network among them, the stack's own not.
 func TestOtherNetworks(t *testing.T) {
 	c := testenv.RequireIncus(t)
 	ctx := context.Background()
