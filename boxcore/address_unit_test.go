@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -212,5 +213,54 @@ func TestCreateOperationGone(t *testing.T) {
 		if err := bs.create(ctx, req(name), nil); err == nil {
 			t.Errorf("%s: the create reported done, want the wait's error", name)
 		}
+	}
+}
+
+// finishMint removes the marker with one PATCH conditional on the read that found it this
+// mint's: a box changed since a read made ahead is read again once; a marker not this mint's
+// is never removed.
+func TestFinishMint(t *testing.T) {
+	token := "tok-mine"
+	var mu sync.Mutex
+	etag, patches := "v1", map[string][]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		name := strings.TrimPrefix(r.URL.Path, "/1.0/instances/")
+		mint := map[string]string{"mine": token, "changed": token, "other": "someone else's"}[name]
+		switch r.Method {
+		case http.MethodGet:
+			w.Header().Set("ETag", etag)
+			json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": incus.Instance{Name: name, Config: map[string]string{tagMint: mint}}})
+		case http.MethodPatch:
+			patches[name] = append(patches[name], r.Header.Get("If-Match"))
+			if r.Header.Get("If-Match") != etag {
+				w.WriteHeader(http.StatusPreconditionFailed)
+				json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": "ETag doesn't match", "error_code": 412})
+				return
+			}
+			json.NewEncoder(w).Encode(map[string]any{"type": "sync", "status": "Success", "status_code": 200, "metadata": map[string]any{}})
+		}
+	}))
+	defer srv.Close()
+	bs := &Boxes{Client: incus.NewHTTPClient(srv.URL, srv.Client())}
+	ctx := context.Background()
+	stale := func() <-chan instanceRead {
+		c := make(chan instanceRead, 1)
+		c <- instanceRead{in: incus.Instance{Config: map[string]string{tagMint: token}}, etag: "v0"}
+		return c
+	}
+	if err := bs.finishMint(ctx, "mine", token, bs.readAhead(ctx, "mine")); err != nil {
+		t.Errorf("read ahead, unchanged: %v", err)
+	}
+	if err := bs.finishMint(ctx, "changed", token, stale()); err != nil {
+		t.Errorf("changed since the read ahead: %v, want it read again and finished", err)
+	}
+	if err := bs.finishMint(ctx, "other", token, nil); err == nil {
+		t.Error("another mint's marker: finished, want refused")
+	}
+	want := map[string][]string{"mine": {"v1"}, "changed": {"v0", "v1"}}
+	if fmt.Sprint(patches) != fmt.Sprint(want) {
+		t.Errorf("PATCH If-Match per box: %v, want %v", patches, want)
 	}
 }

@@ -214,6 +214,8 @@ type minting struct {
 	clone bool
 	pre   <-chan *preBound      // the bind before the start, until start hands it on
 	plan  *firewall.PortBinding // the NIC new chose (nil: Incus chose it)
+	// readAhead is the started box as finish reads it, read beside the port's binding.
+	readAhead <-chan instanceRead
 }
 
 // checkPlan: the create wrote the plan's reservation; no other NIC may hold its address or
@@ -474,6 +476,7 @@ func (m *minting) start(ctx context.Context, at string) (<-chan error, error) {
 	if ctx.Err() != nil {
 		return nil, m.fail(ctx, "starting", ctx.Err())
 	}
+	m.readAhead = m.bs.readAhead(ctx, m.o.Name)
 	bound := make(chan error, 1)
 	if elsewhere != "" {
 		go func() { bound <- m.bs.awaitBound(ctx, m.o.Name, elsewhere) }()
@@ -544,7 +547,7 @@ func (m *minting) finish(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return m.fail(ctx, "finishing", ctx.Err())
 	}
-	if err := m.bs.finishMint(ctx, m.o.Name, m.token); err != nil {
+	if err := m.bs.finishMint(ctx, m.o.Name, m.token, m.readAhead); err != nil {
 		return m.fail(ctx, "finishing", err)
 	}
 	return nil
@@ -590,23 +593,54 @@ func (bs *Boxes) awaitOrCancel(ctx context.Context, id string, progress func(inc
 	return ctx.Err()
 }
 
-// finishMint drops the mint marker of this call's box.
-func (bs *Boxes) finishMint(ctx context.Context, name, token string) error {
+// finishMint drops the mint marker of this call's box, in one PATCH conditional on the read
+// that finds the marker still this call's. ahead, when not nil, is that read made earlier
+// (beside the port's binding, off new's critical path); should the box have changed since,
+// it is read again.
+func (bs *Boxes) finishMint(ctx context.Context, name, token string, ahead <-chan instanceRead) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	in, etag, err := bs.Client.Instance(ctx, name)
-	if err != nil {
-		return fmt.Errorf("new: finishing %s: %w", name, err)
+	for again := false; ; again = true {
+		var r instanceRead
+		if ahead != nil && !again {
+			r = <-ahead
+		} else {
+			r.in, r.etag, r.err = bs.Client.Instance(ctx, name)
+		}
+		if r.err != nil {
+			return fmt.Errorf("new: finishing %s: %w", name, r.err)
+		}
+		if r.in.Config[tagMint] != token {
+			return fmt.Errorf("new: finishing %s: the instance is no longer this mint's", name)
+		}
+		err := bs.Client.UnsetInstanceConfig(ctx, name, []string{tagMint}, r.etag)
+		if err == nil {
+			return nil
+		}
+		if !incus.IsPreconditionFailed(err) || again {
+			return fmt.Errorf("new: finishing %s: %w", name, err)
+		}
 	}
-	if in.Config[tagMint] != token {
-		return fmt.Errorf("new: finishing %s: the instance is no longer this mint's", name)
-	}
-	put := in.Writable()
-	delete(put.Config, tagMint)
-	if err := bs.Client.UpdateInstance(ctx, name, put, etag); err != nil {
-		return fmt.Errorf("new: finishing %s: %w", name, err)
-	}
-	return nil
+}
+
+// instanceRead is one read of an instance, with its ETag.
+type instanceRead struct {
+	in   incus.Instance
+	etag string
+	err  error
+}
+
+// readAhead reads an instance in the background.
+func (bs *Boxes) readAhead(ctx context.Context, name string) <-chan instanceRead {
+	out := make(chan instanceRead, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		var r instanceRead
+		r.in, r.etag, r.err = bs.Client.Instance(ctx, name)
+		out <- r
+	}()
+	return out
 }
 
 // InterruptedError says `new` was stopped by its context ending (SIGINT, SIGTERM: the

@@ -218,6 +218,17 @@ func (c *Client) UpdateInstance(ctx context.Context, name string, put InstancePu
 	return err
 }
 
+// UnsetInstanceConfig removes config keys from an instance in one synchronous request
+// (PATCH: Incus deletes a key given an empty value), conditional on etag when not empty.
+func (c *Client) UnsetInstanceConfig(ctx context.Context, name string, keys []string, etag string) error {
+	cfg := map[string]string{}
+	for _, k := range keys {
+		cfg[k] = ""
+	}
+	_, err := c.call(ctx, http.MethodPatch, "/1.0/instances/"+esc(name), map[string]any{"config": cfg}, &reqOpts{etag: etag})
+	return err
+}
+
 // RestoreSnapshot restores an instance to one of its snapshots.
 func (c *Client) RestoreSnapshot(ctx context.Context, name, snap string) error {
 	_, err := c.call(ctx, http.MethodPut, "/1.0/instances/"+esc(name), map[string]any{"restore": snap}, nil)
