@@ -348,11 +348,13 @@ func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string,
 		return nil, "", fmt.Errorf("reading port bindings: %w", err)
 	}
 	incus.TraceStep("bind", "read instances, bridge ports, leases", t)
-	if _, err := h.applyL2(h.FirewallSpec(st), st.Unplugged); err != nil {
+	spec := h.FirewallSpec(st)
+	if _, err := h.applyL2(spec, st.Unplugged); err != nil {
 		return st, "", fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
 	token := randomToken()
-	_ = os.WriteFile(stamp, []byte(strconv.FormatInt(read.UnixNano(), 10)+" "+token), 0o600)
+	saveRound(h.Stack.Network, token, spec)
+	writeStamp(h.Stack.Network, read, token)
 	return st, token, nil
 }
 

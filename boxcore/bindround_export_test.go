@@ -42,3 +42,18 @@ func DropPending(bs *Boxes, box string) { removePending(bs.Stack.Network, box) }
 
 // PendingDir is where network's pending NICs are recorded.
 func PendingDir(network string) string { return pendingDir(network) }
+
+// QuickRound is the bind before a start on top of the last round's spec (ok false: it could
+// not stand for a round, and applied nothing).
+func QuickRound(ctx context.Context, h *Host) (ok bool, err error) {
+	_, ok, err = h.quickRound(ctx)
+	return ok, err
+}
+
+// WritePending records box's planned NIC b as pending, as new does before its create.
+func WritePending(bs *Boxes, box string, b firewall.PortBinding) error {
+	return writePending(bs.Stack.Network, box, b)
+}
+
+// SavedRoundPath holds the spec the last round applied, with its token.
+func SavedRoundPath(network string) string { return savedRoundPath(network) }

@@ -49,6 +49,7 @@ func (bs *Boxes) preBind(ctx context.Context, box string, plan *firewall.PortBin
 		t := time.Now()
 		defer incus.TraceStep("bind", "bind before the start", t)
 		pb := &preBound{nic: pendingNIC(box, *plan)}
+		var ok bool
 		defer func() { out <- pb }()
 		if pb.err = writePending(bs.Stack.Network, box, *plan); pb.err != nil {
 			return
@@ -61,7 +62,11 @@ func (bs *Boxes) preBind(ctx context.Context, box string, plan *firewall.PortBin
 			}
 			defer unlock()
 		}
-		_, pb.token, pb.err = NewHost(bs.Client, bs.Stack).round(ctx, time.Time{})
+		h := NewHost(bs.Client, bs.Stack)
+		if pb.token, ok, pb.err = h.quickRound(ctx); ok || pb.err != nil {
+			return
+		}
+		_, pb.token, pb.err = h.round(ctx, time.Time{})
 	}()
 	return out
 }

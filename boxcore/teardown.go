@@ -184,9 +184,11 @@ func (h *Host) ApplyTeardown(ctx context.Context, p *TeardownPlan) ([]Change, er
 		}
 		done = append(done, Change{"route unreachable " + subnet.String(), "remove"})
 	}
-	// Tables of a stack whose network is already gone still go, and so do its pending NICs.
+	// Tables of a stack whose network is already gone still go, and so do its pending NICs
+	// and its last round's spec.
 	forgetFullBind(s.Network)
 	_ = os.RemoveAll(pendingDir(s.Network))
+	_ = os.Remove(savedRoundPath(s.Network))
 	if removed, err := firewall.Remove(s.Network); err == nil && removed {
 		done = append(done, TeardownStep{DeleteTables, s.Network}.Change())
 	}
