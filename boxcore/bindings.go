@@ -353,7 +353,11 @@ func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string,
 		return st, "", fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
 	token := randomToken()
-	saveRound(h.Stack.Network, token, spec)
+	index, err := h.plugged(spec)
+	if err != nil {
+		return st, "", err
+	}
+	saveRound(h.Stack.Network, savedRound{Token: token, Spec: spec, Index: index})
 	writeStamp(h.Stack.Network, read, token)
 	return st, token, nil
 }

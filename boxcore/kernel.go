@@ -71,9 +71,12 @@ func (k Kernel) SystemdIsInit() bool {
 type BridgePort struct {
 	Name     string
 	Isolated bool
+	// Index is the port's ifindex: a veth deleted and made again under the same name (a box
+	// restarted) has another.
+	Index int
 }
 
-// BridgePorts lists a bridge's ports with their brport/isolated flag.
+// BridgePorts lists a bridge's ports with their brport/isolated flag and ifindex.
 func (k Kernel) BridgePorts(bridge string) ([]BridgePort, error) {
 	dir := filepath.Join(k.Sys, "class/net", bridge, "brif")
 	ents, err := os.ReadDir(dir)
@@ -89,7 +92,12 @@ func (k Kernel) BridgePorts(bridge string) ([]BridgePort, error) {
 		if err != nil {
 			continue // the port left while we looked
 		}
-		ports = append(ports, BridgePort{Name: e.Name(), Isolated: strings.TrimSpace(string(b)) == "1"})
+		idx, err := os.ReadFile(filepath.Join(k.Sys, "class/net", e.Name(), "ifindex"))
+		if err != nil {
+			continue
+		}
+		index, _ := strconv.Atoi(strings.TrimSpace(string(idx)))
+		ports = append(ports, BridgePort{Name: e.Name(), Isolated: strings.TrimSpace(string(b)) == "1", Index: index})
 	}
 	sort.Slice(ports, func(i, j int) bool { return ports[i].Name < ports[j].Name })
 	return ports, nil

@@ -66,7 +66,11 @@ func (bs *Boxes) preBind(ctx context.Context, box string, plan *firewall.PortBin
 		if pb.token, ok, pb.err = h.quickRound(ctx); ok || pb.err != nil {
 			return
 		}
-		_, pb.token, pb.err = h.round(ctx, time.Time{})
+		var st *StackState
+		st, pb.token, pb.err = h.round(ctx, time.Time{})
+		if st != nil && !slices.ContainsFunc(st.Bindings(), func(b firewall.PortBinding) bool { return b.String() == plan.String() }) {
+			pb.token = "" // the round bound the port to another NIC (a running box of its name): after the start, a full round
+		}
 	}()
 	return out
 }
@@ -122,6 +126,7 @@ func (h *Host) completeBind(ctx context.Context, pb *preBound) (done bool, err e
 	if _, err := h.Kernel.PinFDB(h.Stack.Network, own); err != nil {
 		return false, nil // a full round says which port, and whose
 	}
+	recordPlugged(h.Stack.Network, pb.token, pb.nic.Binding.Port)
 	return true, nil
 }
 

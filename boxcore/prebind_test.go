@@ -157,12 +157,19 @@ func TestPreBind(t *testing.T) {
 	squat := planned
 	squat.MAC = append([]byte(nil), n.mac...)
 	squat.MAC[5] ^= 0xff
-	squat.IPv4 = b.IPv4
-	if _, err := boxcore.PreBind(ctx, bs, first, squat); err != nil {
+	g4 := gw.As4()
+	squat.IPv4 = netip.AddrFrom4([4]byte{g4[0], g4[1], g4[2], 250}) // no NIC's address
+	token, err = boxcore.PreBind(ctx, bs, first, squat)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if rules := portRules(t, s.Network, n.veth); !bindsTo(rules, mac) || bindsTo(rules, squat.MAC.String()) {
 		t.Errorf("a plan for the taken name %s: its port's rules %q, want them binding %s alone", first, rules, mac)
+	}
+	// Its port is on the bridge (the running box's veth), but bound to the running box: the
+	// step after the start must not call the plan bound (a renamed box on the old name's port).
+	if done, _ := boxcore.CompleteBind(ctx, h, first, squat, token); done {
+		t.Error("complete for a plan the round did not bind: done, want a full round asked for")
 	}
 	boxcore.DropPending(bs, first)
 	_, err = bs.New(ctx, boxcore.NewOptions{Name: first, Image: img, Config: teststack.Tag()})

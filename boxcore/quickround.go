@@ -3,6 +3,8 @@ package boxcore
 import (
 	"context"
 	"encoding/json"
+	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -26,10 +28,13 @@ import (
 // the last round. That one stays unbound until the next full round or the agent binds it,
 // as it would with no `new` run meanwhile.
 
-// savedRound is the spec a round applied.
+// savedRound is the spec a round applied, and the veth of each port it bound that was
+// plugged (its ifindex): a veth made again under the name since (a restart behind
+// claudebox's back, maybe with another address) is not the one the spec was read for.
 type savedRound struct {
 	Token string
 	Spec  firewall.Spec
+	Index map[string]int
 }
 
 // savedRoundPath holds the last round's savedRound, beside its stamp and under the same lock.
@@ -37,8 +42,8 @@ func savedRoundPath(network string) string {
 	return perDaemon("/run/claudebox-bound-" + network + ".spec")
 }
 
-func saveRound(network, token string, spec firewall.Spec) {
-	b, err := json.Marshal(savedRound{Token: token, Spec: spec})
+func saveRound(network string, r savedRound) {
+	b, err := json.Marshal(r)
 	if err == nil {
 		err = os.WriteFile(savedRoundPath(network), b, 0o600)
 	}
@@ -47,16 +52,44 @@ func saveRound(network, token string, spec firewall.Spec) {
 	}
 }
 
+// loadRound is the saved round if it is the stamp's (token), else false.
+func loadRound(network, token string) (savedRound, bool) {
+	var r savedRound
+	b, err := os.ReadFile(savedRoundPath(network))
+	if token == "" || err != nil || json.Unmarshal(b, &r) != nil || r.Token != token {
+		return savedRound{}, false
+	}
+	return r, true
+}
+
+// plugged is the ifindex of each of spec's ports on the bridge now.
+func (h *Host) plugged(spec firewall.Spec) (map[string]int, error) {
+	ports, err := h.Kernel.BridgePorts(h.Stack.Network)
+	if err != nil {
+		return nil, err
+	}
+	index := map[string]int{}
+	for _, p := range ports {
+		if slices.ContainsFunc(spec.Ports, func(b firewall.PortBinding) bool { return b.Port == p.Name }) {
+			index[p.Name] = p.Index
+		}
+	}
+	return index, nil
+}
+
 // writeStamp records a round: when the Incus state it bound was read, and its token.
 func writeStamp(network string, read time.Time, token string) {
 	_ = os.WriteFile(boundStampPath(network), []byte(strconv.FormatInt(read.UnixNano(), 10)+" "+token), 0o600)
 }
 
 // quickRound binds the pending ports on top of the last round's spec (see above). ok is
-// false when it cannot stand for a round: no saved spec of the stamp's round; a pending port
-// the last round bound to another MAC or address (a box of that name before: only a read
-// says which is current); a bound port gone from the bridge since. Then nothing was
-// applied, and the caller runs a full round.
+// false when it cannot stand for a round, and then nothing was applied and the caller runs a
+// full round: no saved spec of the stamp's round; the bridge's address not the spec's; a
+// pending port the spec binds to another MAC or address (a box of that name before: only a
+// read says which is current), or one on the bridge already though the spec does not bind
+// it (an instance of that port name running unbound); a bound port gone from the bridge or
+// on another veth than the one the spec was read for (stopped or restarted behind
+// claudebox's back); two ports bound to one MAC or address.
 func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error) {
 	if os.Geteuid() != 0 {
 		return "", false, ErrBindNeedsRoot
@@ -68,12 +101,27 @@ func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error
 	}
 	defer unlock()
 	read, last := lastFullBind(boundStampPath(network))
-	var saved savedRound
-	if b, err := os.ReadFile(savedRoundPath(network)); last == "" || err != nil || json.Unmarshal(b, &saved) != nil || saved.Token != last {
+	saved, ok := loadRound(network, last)
+	if !ok {
 		return "", false, nil
 	}
 	spec := saved.Spec
-	gw := spec.Resolved().Subnet()
+	resolved := spec.Resolved()
+	if gw, ok := bridgeIPv4(network); !ok || !net.IP(gw.Addr().AsSlice()).Equal(resolved.Gateway.To4()) || gw.Bits() != resolved.PrefixLen {
+		return "", false, nil
+	}
+	subnet := resolved.Subnet()
+	if subnet == nil {
+		return "", false, nil
+	}
+	ports, err := h.Kernel.BridgePorts(network)
+	if err != nil {
+		return "", false, err
+	}
+	onBridge := map[string]int{}
+	for _, p := range ports {
+		onBridge[p.Name] = p.Index
+	}
 	pending := map[string]bool{}
 	for _, p := range readPendings(network) {
 		b := p.Binding
@@ -82,41 +130,64 @@ func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error
 		switch {
 		case i >= 0 && (!macEqual(spec.Ports[i].MAC, b.MAC) || spec.Ports[i].IPv4 != b.IPv4):
 			return "", false, nil
-		case i < 0 && (gw == nil || !gw.Contains(b.IPv4.AsSlice())):
+		case i >= 0:
+		case onBridge[b.Port] != 0 || !subnet.Contains(b.IPv4.AsSlice()):
 			return "", false, nil
-		case i < 0:
+		default:
 			spec.Ports = append(spec.Ports, b)
 		}
 	}
 	slices.SortFunc(spec.Ports, func(a, b firewall.PortBinding) int { return strings.Compare(a.Port, b.Port) })
-	// Every bound port must still be on the bridge, but for pending ones not plugged yet: a
-	// veth gone since is a box stopped outside a round (the incus CLI), whose rules only a
-	// read may drop. A veth come since (an instance started outside a round) is left as the
-	// last round left it, unbound: the next full round, or the agent, binds it.
-	ports, err := h.Kernel.BridgePorts(network)
-	if err != nil {
-		return "", false, err
-	}
-	onBridge := map[string]bool{}
-	for _, p := range ports {
-		onBridge[p.Name] = true
-	}
 	unplugged := map[string]bool{}
+	macs, addrs := map[string]bool{}, map[netip.Addr]bool{}
 	for _, b := range spec.Ports {
+		index, was := onBridge[b.Port], saved.Index[b.Port]
 		switch {
-		case pending[b.Port] && !onBridge[b.Port]:
+		case pending[b.Port] && index == 0:
 			unplugged[b.Port] = true
-		case !onBridge[b.Port]:
+		case index == 0, was != index && !(was == 0 && pending[b.Port]):
 			return "", false, nil
 		}
+		if macs[b.MAC.String()] || addrs[b.IPv4] {
+			return "", false, nil
+		}
+		macs[b.MAC.String()], addrs[b.IPv4] = true, true
 	}
 	t := time.Now()
 	defer incus.TraceStep("bind", "quick round (the last round's spec and the pending ports)", t)
 	if _, err := h.applyL2(spec, unplugged); err != nil {
 		return "", false, err
 	}
+	index := map[string]int{}
+	for _, b := range spec.Ports {
+		if !unplugged[b.Port] {
+			index[b.Port] = onBridge[b.Port]
+		}
+	}
 	token = randomToken()
-	saveRound(network, token, spec)
+	saveRound(network, savedRound{Token: token, Spec: spec, Index: index})
 	writeStamp(network, read, token)
 	return token, true, nil
+}
+
+// recordPlugged notes in the saved round, still the stamp's (token), the veth a pending port
+// now has: the next quick round then knows it for the one bound.
+func recordPlugged(network, token, port string) {
+	r, ok := loadRound(network, token)
+	if !ok {
+		return
+	}
+	b, err := os.ReadFile("/sys/class/net/" + port + "/ifindex")
+	if err != nil {
+		return
+	}
+	index, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return
+	}
+	if r.Index == nil {
+		r.Index = map[string]int{}
+	}
+	r.Index[port] = index
+	saveRound(network, r)
 }

@@ -2,18 +2,21 @@ package boxcore_test
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"testing"
 
 	"github.com/claudebox/claudebox/boxcore"
+	"github.com/claudebox/claudebox/firewall"
 	"github.com/claudebox/claudebox/internal/testenv"
 	"github.com/claudebox/claudebox/internal/teststack"
 )
 
 // TestQuickRound: the bind before a start applies the last round's spec with the pending
 // ports added — the same rules a full round gives (no drift) — only while that round is the
-// last thing applied and its ports are all still there. A hole switched on, a spec saved by
-// another round than the stamp's, a planned port
+// last thing applied and its ports are all still on the veths it bound. A hole switched on,
+// a spec saved by another round than the stamp's, a plan for an address a box holds or for a
+// port running unbound, a box restarted behind claudebox's back, a planned port
 // a box already holds with another MAC, or a bound box stopped behind claudebox's back each
 // leave it to a full round, applying nothing; an instance started behind claudebox's back is
 // left as the last round left it (unbound) until a full round binds it.
@@ -33,14 +36,16 @@ func TestQuickRound(t *testing.T) {
 		}
 	}
 
+	if err := h.BindPorts(ctx); err != nil {
+		t.Fatal(err)
+	}
 	box := name("a")
 	if _, err := bs.New(ctx, boxcore.NewOptions{Name: box, Image: img, Config: teststack.Tag()}); err != nil {
 		t.Fatalf("new: %v", err)
 	}
 	n := nicOf(t, c, box)
-	if err := h.BindPorts(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// The new box's veth, noted after its start, is the one its binding was made for.
+	quick(true, "right after a new")
 	ghost := name("ghost")
 	plan, release, err := boxcore.PlanNIC(ctx, bs, ghost)
 	release()
@@ -104,6 +109,23 @@ func TestQuickRound(t *testing.T) {
 		t.Errorf("a plan for the taken port %s: its rules %q, want them binding %s alone", n.veth, rules, n.mac)
 	}
 	boxcore.DropPending(bs, box)
+	// A plan for a bound address on a port of its own: two ports would hold one address.
+	twin := *plan
+	twin.Port, twin.IPv4 = boxcore.HostName(name("twin")), netip.MustParseAddr(n.ip.String())
+	if err := boxcore.WritePending(bs, name("twin"), twin); err != nil {
+		t.Fatal(err)
+	}
+	quick(false, "a plan for an address a box holds")
+	boxcore.DropPending(bs, name("twin"))
+
+	// Restarted behind claudebox's back: its veth is another, whatever its config is now.
+	if err := c.SetState(ctx, box, "restart", true, 0); err != nil {
+		t.Fatal(err)
+	}
+	quick(false, "a bound box restarted behind claudebox's back")
+	if err := h.BindPorts(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	// Stopped behind claudebox's back: its port is gone, a full round drops its rules.
 	if err := c.SetState(ctx, box, "stop", true, 0); err != nil {
@@ -122,6 +144,12 @@ func TestQuickRound(t *testing.T) {
 	if rules := portRules(t, s.Network, n.veth); len(rules) > 0 {
 		t.Errorf("a quick round bound %s, started behind its back: %q", n.veth, rules)
 	}
+	// A plan for that port: an instance of its name is running there unbound.
+	if err := boxcore.WritePending(bs, box, firewall.PortBinding{Port: n.veth, MAC: n.mac, IPv4: netip.MustParseAddr(n.ip.String())}); err != nil {
+		t.Fatal(err)
+	}
+	quick(false, "a plan for a port on the bridge that no round bound")
+	boxcore.DropPending(bs, box)
 	if err := h.BindPorts(ctx); err != nil {
 		t.Fatal(err)
 	}
