@@ -330,6 +330,26 @@ func (bs *Boxes) Rename(ctx context.Context, b *Box, newName string) error {
 		}
 		return err
 	}
+	return bs.renamePort(ctx, b.Name, newName)
+}
+
+// renamePort gives a renamed box's NIC the port name of its new name. Kept, the old name's
+// port would be the renamed box's: a later box of the old name would start on it (removing
+// the renamed box's veth as a stale one) and be taken for bound while the port's rules still
+// named the renamed box's MAC and address.
+func (bs *Boxes) renamePort(ctx context.Context, oldName, newName string) error {
+	in, etag, err := bs.Client.Instance(ctx, newName)
+	if err != nil {
+		return fmt.Errorf("rename: renamed to %s, but reading it: %w", newName, err)
+	}
+	eth0, ok := in.Devices["eth0"]
+	if !ok || eth0["host_name"] != HostName(oldName) {
+		return nil
+	}
+	eth0["host_name"] = HostName(newName)
+	if err := bs.Client.UpdateInstance(ctx, newName, in.Writable(), etag); err != nil {
+		return fmt.Errorf("rename: renamed to %s, but renaming its port: %w", newName, err)
+	}
 	return nil
 }
 

@@ -207,6 +207,15 @@ func TestLifecycle(t *testing.T) {
 		h.expect(0, "", "rename", b, h.name("c"))
 		h.expect(0, "", "start", h.name("c"))
 		h.expect(0, h.name("c"), "list")
+		// The renamed box's port is named for its new name: a box of the old name gets a port
+		// of its own, and both stay bound.
+		in, _, err := h.c.Instance(context.Background(), h.name("c"))
+		if err != nil || in.Devices["eth0"]["host_name"] != boxcore.HostName(h.name("c")) {
+			t.Fatalf("renamed box's eth0 host_name %q (%v), want %s", in.Devices["eth0"]["host_name"], err, boxcore.HostName(h.name("c")))
+		}
+		h.expect(0, "is ready", "new", "--name", b, "--container", "--image", h.image)
+		h.tagForSweep(b)
+		h.expect(0, "", "host", "check")
 	})
 
 	t.Run("escape hatch", func(t *testing.T) {
