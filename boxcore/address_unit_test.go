@@ -217,8 +217,8 @@ func TestCreateOperationGone(t *testing.T) {
 }
 
 // finishMint removes the marker with one PATCH conditional on the read that found it this
-// mint's: a box changed since a read made ahead is read again once; a marker not this mint's
-// is never removed.
+// mint's: a box changed since a read made ahead, or a read with no ETag, is read again once;
+// a marker not this mint's is never removed.
 func TestFinishMint(t *testing.T) {
 	token := "tok-mine"
 	var mu sync.Mutex
@@ -245,21 +245,24 @@ func TestFinishMint(t *testing.T) {
 	defer srv.Close()
 	bs := &Boxes{Client: incus.NewHTTPClient(srv.URL, srv.Client())}
 	ctx := context.Background()
-	stale := func() <-chan instanceRead {
+	stale := func(etag string) <-chan instanceRead {
 		c := make(chan instanceRead, 1)
-		c <- instanceRead{in: incus.Instance{Config: map[string]string{tagMint: token}}, etag: "v0"}
+		c <- instanceRead{in: incus.Instance{Config: map[string]string{tagMint: token}}, etag: etag}
 		return c
 	}
 	if err := bs.finishMint(ctx, "mine", token, bs.readAhead(ctx, "mine")); err != nil {
 		t.Errorf("read ahead, unchanged: %v", err)
 	}
-	if err := bs.finishMint(ctx, "changed", token, stale()); err != nil {
+	if err := bs.finishMint(ctx, "changed", token, stale("v0")); err != nil {
 		t.Errorf("changed since the read ahead: %v, want it read again and finished", err)
+	}
+	if err := bs.finishMint(ctx, "mine", token, stale("")); err != nil {
+		t.Errorf("a read ahead with no ETag: %v, want it read again and finished", err)
 	}
 	if err := bs.finishMint(ctx, "other", token, nil); err == nil {
 		t.Error("another mint's marker: finished, want refused")
 	}
-	want := map[string][]string{"mine": {"v1"}, "changed": {"v0", "v1"}}
+	want := map[string][]string{"mine": {"v1", "v1"}, "changed": {"v0", "v1"}}
 	if fmt.Sprint(patches) != fmt.Sprint(want) {
 		t.Errorf("PATCH If-Match per box: %v, want %v", patches, want)
 	}

@@ -145,7 +145,7 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.o.FirstBoot != nil && plan != nil && lacksCommand(o.Name, "cloud-init") {
+	if m.o.FirstBoot != nil && plan != nil && req.Config["environment.PATH"] == "" && lacksCommand(o.Name, "cloud-init") {
 		fb := *m.o.FirstBoot
 		fb.noCloudInit = true
 		m.o.FirstBoot = &fb
@@ -612,6 +612,12 @@ func (bs *Boxes) finishMint(ctx context.Context, name, token string, ahead <-cha
 		}
 		if r.in.Config[tagMint] != token {
 			return fmt.Errorf("new: finishing %s: the instance is no longer this mint's", name)
+		}
+		if r.etag == "" { // the PATCH would not be conditional on this read
+			if again {
+				return fmt.Errorf("new: finishing %s: the daemon gave no ETag", name)
+			}
+			continue
 		}
 		err := bs.Client.UnsetInstanceConfig(ctx, name, []string{tagMint}, r.etag)
 		if err == nil {

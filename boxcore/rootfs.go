@@ -7,9 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// execPath is the PATH `incus exec` runs a command with: where the first boot's exec looks
-// for cloud-init.
-var execPath = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"}
+// execPath is the PATH `incus exec` runs a command with in a container (no environment.PATH
+// set): where the first boot's exec looks for cloud-init.
+var execPath = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin", "snap/bin", "run/current-system/sw/bin"}
 
 // lacksCommand reports whether a container's root filesystem, read on the host, has no
 // command cmd on exec's PATH. false whenever it cannot tell: then the caller asks the box

@@ -37,6 +37,10 @@ func TestLacksCommand(t *testing.T) {
 	file(filepath.Join(linked, "opt/cloud-init"))
 	must(t, os.Symlink("/opt", filepath.Join(linked, "bin")))
 
+	snap := root("snap") // on the PATH incus exec adds for snaps
+	file(filepath.Join(snap, "sbin/init"))
+	file(filepath.Join(snap, "snap/bin/cloud-init"))
+
 	root("unmounted")
 
 	escape := root("escape") // usr/local/bin leads out of the root, to a host copy
@@ -49,7 +53,7 @@ func TestLacksCommand(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		want bool
-	}{{"bare", true}, {"with", false}, {"linked", false}, {"unmounted", false}, {"missing", false}, {"escape", true}} {
+	}{{"bare", true}, {"with", false}, {"linked", false}, {"snap", false}, {"unmounted", false}, {"missing", false}, {"escape", true}} {
 		if got := lacksCommand(c.name, "cloud-init"); got != c.want {
 			t.Errorf("lacksCommand(%s) = %v, want %v", c.name, got, c.want)
 		}
