@@ -253,9 +253,21 @@ func macEqual(a, b net.HardwareAddr) bool { return len(a) == 6 && a.String() == 
 // A pending port whose veth is not there yet (st.Unplugged: a box `new` is starting) gets its
 // rules only; the `new` pins it once it runs.
 func (h *Host) applyL2(spec firewall.Spec, unplugged map[string]bool) (bool, error) {
+	return h.applyPorts(spec, unplugged, nil)
+}
+
+// applyPorts is applyL2, or, with fresh not nil (a quick round), its lighter form: the
+// nftables apply goes without its read-back, and only the fresh ports get their rp_filter
+// and FDB pins — every other port is on the veth the last round set them for (quickRound
+// checks), and only a claudebox apply or a drill's hole, which void the round, change them.
+func (h *Host) applyPorts(spec firewall.Spec, unplugged map[string]bool, fresh []firewall.PortBinding) (bool, error) {
 	forgetFullBind(h.Stack.Network)
 	t := time.Now()
-	changed, err := firewall.Apply(spec)
+	apply := firewall.Apply
+	if fresh != nil {
+		apply = firewall.ApplyUnchecked
+	}
+	changed, err := apply(spec)
 	incus.TraceStep("kernel", "nftables apply", t)
 	if err != nil {
 		return changed, err
@@ -276,16 +288,21 @@ func (h *Host) applyL2(spec firewall.Spec, unplugged map[string]bool) (bool, err
 	} else if err != nil {
 		return changed, err
 	}
-	rp, err := firewall.StrictRPFilter(spec)
+	ports, pruned := spec.Ports, false
+	if fresh != nil {
+		ports = fresh
+	}
+	rp, err := firewall.StrictRPFilter(firewall.Spec{Ports: ports})
 	if err != nil {
 		return changed || rp, fmt.Errorf("port rp_filter: %w", err)
 	}
 	changed = changed || rp
-	pruned, err := h.Kernel.PruneFDBPins(h.Stack.Network, spec.Ports)
-	if err != nil {
-		return changed || pruned, fmt.Errorf("fdb pin: %w", err)
+	if fresh == nil {
+		if pruned, err = h.Kernel.PruneFDBPins(h.Stack.Network, spec.Ports); err != nil {
+			return changed || pruned, fmt.Errorf("fdb pin: %w", err)
+		}
 	}
-	pin := slices.DeleteFunc(slices.Clone(spec.Ports), func(b firewall.PortBinding) bool { return unplugged[b.Port] })
+	pin := slices.DeleteFunc(slices.Clone(ports), func(b firewall.PortBinding) bool { return unplugged[b.Port] })
 	pinned, err := h.Kernel.PinFDB(h.Stack.Network, pin)
 	if err != nil {
 		return changed || pruned || pinned, fmt.Errorf("fdb pin: %w", err)

@@ -155,7 +155,13 @@ func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error
 	}
 	t := time.Now()
 	defer incus.TraceStep("bind", "quick round (the last round's spec and the pending ports)", t)
-	if _, err := h.applyL2(spec, unplugged); err != nil {
+	fresh := []firewall.PortBinding{}
+	for _, b := range spec.Ports {
+		if pending[b.Port] {
+			fresh = append(fresh, b)
+		}
+	}
+	if _, err := h.applyPorts(spec, unplugged, fresh); err != nil {
 		return "", false, err
 	}
 	index := map[string]int{}

@@ -190,3 +190,26 @@ func BenchmarkApplyAddPort(b *testing.B) {
 		}
 	}
 }
+
+// ApplyUnchecked (the bind before a box starts) leaves the kernel as Apply does: a port
+// added and one removed, each exactly Desired by Check, and a converged spec changes nothing.
+func TestApplyUnchecked(t *testing.T) {
+	freshNS(t)
+	port := func(i int) PortBinding {
+		return PortBinding{Port: fmt.Sprintf("cbxunchk%03d", i), MAC: net.HardwareAddr{0x10, 0x66, 0x6a, 0, 2, byte(i)},
+			IPv4: netip.AddrFrom4([4]byte{10, 77, 12, byte(40 + i)})}
+	}
+	s := testSpec("cbtu")
+	s.Ports = []PortBinding{port(1)}
+	apply(t, s, true)
+	for _, ports := range [][]PortBinding{{port(1), port(2)}, {port(2)}} {
+		s.Ports = ports
+		if changed, err := ApplyUnchecked(s); err != nil || !changed {
+			t.Fatalf("ApplyUnchecked(%v) = %v, %v, want a change", ports, changed, err)
+		}
+		requireClean(t, s)
+	}
+	if changed, err := ApplyUnchecked(s); err != nil || changed {
+		t.Errorf("ApplyUnchecked of a converged spec = %v, %v, want no change", changed, err)
+	}
+}

@@ -450,7 +450,15 @@ func diffRules(chain string, want, got []string) []Drift {
 // chains or sets, or our chain with another type/hook/priority, which the
 // kernel cannot change in place) is deleted and recreated in the same batch.
 // changed reports whether the kernel differed from desired before the run.
-func Apply(s Spec) (changed bool, err error) {
+func Apply(s Spec) (changed bool, err error) { return converge(s, true) }
+
+// ApplyUnchecked is Apply without the read-back after the batch: for the bind before a box
+// starts, which adds ports to a spec a checked Apply put in (with dozens of ports the read-
+// back is a third of an apply, on the CPU the start needs). The batch is still atomic and
+// still fails as a whole; a renderer or kernel mismatch surfaces at the next Apply or Check.
+func ApplyUnchecked(s Spec) (changed bool, err error) { return converge(s, false) }
+
+func converge(s Spec, readBack bool) (changed bool, err error) {
 	if err := s.Validate(); err != nil {
 		return false, err
 	}
@@ -476,6 +484,9 @@ func Apply(s Spec) (changed bool, err error) {
 		if err := applyRules(s, obs, desired, false); err != nil {
 			return changed, err
 		}
+	}
+	if !readBack {
+		return changed, nil
 	}
 	// Read back: a renderer or kernel mismatch must surface here, not as a
 	// Check that never comes clean.
