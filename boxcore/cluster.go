@@ -218,7 +218,7 @@ func (h *Host) removeMemberKeys(ctx context.Context, member string) error {
 
 // localMember is the name of the cluster member this daemon is, or "" when standalone.
 func localMember(ctx context.Context, c *incus.Client) (string, error) {
-	srv, err := c.Server(ctx)
+	srv, err := c.RecentServer(ctx)
 	if err != nil || !srv.Clustered {
 		return "", err
 	}

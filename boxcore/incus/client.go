@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -41,6 +42,11 @@ type Client struct {
 	beforeSockets func()
 	remote        string // "local" or the remote's name
 	socket        string // Unix socket path, "" for HTTP(S)
+
+	// server is the last answer to GET /1.0 and when it came (Server).
+	serverMu sync.Mutex
+	server   Server
+	serverAt time.Time
 }
 
 // LocalSocket returns the Unix socket path of the local daemon: $INCUS_SOCKET, else

@@ -150,6 +150,25 @@ func TestUnixSocket(t *testing.T) {
 	}
 }
 
+// RecentServer answers from the last read while it is fresh; Server always asks.
+func TestRecentServer(t *testing.T) {
+	var reads atomic.Int32
+	sock := unixServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reads.Add(1)
+		writeJSON(w, 200, sync(map[string]any{"api_version": "1.0", "environment": map[string]any{"server_name": "m1", "server_clustered": true}}))
+	}))
+	c := incus.NewUnixClient(sock)
+	ctx := context.Background()
+	for i, f := range []func(context.Context) (incus.Server, error){c.RecentServer, c.RecentServer, c.Server, c.RecentServer} {
+		if s, err := f(ctx); err != nil || s.ServerName != "m1" || !s.Clustered {
+			t.Fatalf("call %d: %+v %v", i, s, err)
+		}
+	}
+	if n := reads.Load(); n != 2 {
+		t.Errorf("GET /1.0 %d times, want 2 (the first RecentServer and Server)", n)
+	}
+}
+
 func TestDaemonUnreachable(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.socket")

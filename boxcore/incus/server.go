@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Server describes the Incus daemon (GET /1.0).
@@ -48,8 +49,39 @@ type serverJSON struct {
 	} `json:"environment"`
 }
 
-// Server returns the daemon's description. It is also the cheapest reachability check.
+// Server returns the daemon's description, read now. It is also the cheapest reachability
+// check.
 func (c *Client) Server(ctx context.Context) (Server, error) {
+	s, err := c.readServer(ctx)
+	if err == nil {
+		c.serverMu.Lock()
+		c.server, c.serverAt = s, time.Now()
+		c.serverMu.Unlock()
+	}
+	return s, err
+}
+
+// serverFresh is how long RecentServer takes an answer to GET /1.0 to stand: `new` asks
+// where it is three times within a few milliseconds (placement, the NIC plan, where the box
+// landed), each a round trip the daemon answers while it creates the box. A second is too
+// short for cluster membership or a member's name to change in a way a caller could tell
+// from a race.
+const serverFresh = time.Second
+
+// RecentServer is Server, or its last answer if younger than serverFresh: for what the
+// daemon is (a cluster member, which), never for whether it is up.
+func (c *Client) RecentServer(ctx context.Context) (Server, error) {
+	c.serverMu.Lock()
+	if !c.serverAt.IsZero() && time.Since(c.serverAt) < serverFresh {
+		s := c.server
+		c.serverMu.Unlock()
+		return s, nil
+	}
+	c.serverMu.Unlock()
+	return c.Server(ctx)
+}
+
+func (c *Client) readServer(ctx context.Context) (Server, error) {
 	var s serverJSON
 	if _, err := c.get(ctx, "/1.0", &s); err != nil {
 		return Server{}, err
