@@ -54,13 +54,16 @@ func benchBake(c *incus.Client, bin, prefix string, rounds int) {
 	reportAs("new (claude)", "baked", "cold", [2][]time.Duration{baked, cold}, 1)
 	goal("new of a baked Claude box", median(baked), 3*time.Second)
 	// Today's cold mint, as the issue measured it: the same template's first boot on the dir
-	// pool (the whole image unpacked for every box), by the incus CLI with new's config.
+	// pool (the whole image unpacked for every box), by the incus CLI with new's config, its
+	// port bound after the start as `new` did then (`host init`: a box started behind
+	// claudebox's back has no host, so no DNS, until a round binds it).
 	var dirCold []time.Duration
 	for i := 0; i < rounds; i++ {
 		n := fmt.Sprintf("%s-dircold%d", prefix, i)
 		dirCold = append(dirCold, timed(func() {
 			run("incus", append([]string{"launch", boxcore.DefaultLocalImage(), n, "--profile", boxcore.DefaultStack().Profile,
 				"-s", "default"}, launchFlags(boxcore.DefaultLocalImage(), "claude")...)...)
+			run(bin, "host", "init", "--yes")
 			run("incus", "exec", n, "--", "cloud-init", "status", "--wait")
 		}))
 		remove(c, n)
@@ -87,8 +90,9 @@ func benchBake(c *incus.Client, bin, prefix string, rounds int) {
 		cl, ic, dc := fmt.Sprintf("%s-cl%d", prefix, i), fmt.Sprintf("%s-icl%d", prefix, i), fmt.Sprintf("%s-dcl%d", prefix, i)
 		cloneCB = append(cloneCB, timed(func() { run(bin, "new", "--name", cl, "--from", src+"/"+s) }))
 		cloneIncus = append(cloneIncus, timed(func() {
-			// Its own host-side port name: the source's is taken while it runs.
-			run("incus", "copy", src+"/"+s, ic, "-c", "user.claudebox=0", "-d", fmt.Sprintf("eth0,host_name=cbbi%d", i))
+			// Its own host-side port name (the source's is taken while it runs) and no static
+			// address (the one new planned for the source is the source's).
+			run("incus", "copy", src+"/"+s, ic, "-c", "user.claudebox=0", "-d", fmt.Sprintf("eth0,host_name=cbbi%d", i), "-d", "eth0,ipv4.address=")
 			run("incus", "start", ic)
 		}))
 		cloneDir = append(cloneDir, timed(func() { run("incus", "copy", dir+"/"+s, dc, "-c", "user.claudebox=0") }))
