@@ -370,11 +370,11 @@ func (h *Host) round(ctx context.Context, since time.Time) (*StackState, string,
 		return st, "", fmt.Errorf("binding ports: %w", err) // st: what a port pin that failed alone left bound
 	}
 	token := randomToken()
-	index, err := h.plugged(spec)
+	onBridge, err := h.bridgeIndex()
 	if err != nil {
 		return st, "", err
 	}
-	saveRound(h.Stack.Network, savedRound{Token: token, Spec: spec, Index: index})
+	saveRound(h.Stack.Network, savedRound{Token: token, Spec: spec, Index: boundIndex(spec, onBridge)})
 	writeStamp(h.Stack.Network, read, token)
 	return st, token, nil
 }

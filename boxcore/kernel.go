@@ -92,15 +92,24 @@ func (k Kernel) BridgePorts(bridge string) ([]BridgePort, error) {
 		if err != nil {
 			continue // the port left while we looked
 		}
-		idx, err := os.ReadFile(filepath.Join(k.Sys, "class/net", e.Name(), "ifindex"))
-		if err != nil {
+		index := k.Ifindex(e.Name())
+		if index == 0 {
 			continue
 		}
-		index, _ := strconv.Atoi(strings.TrimSpace(string(idx)))
 		ports = append(ports, BridgePort{Name: e.Name(), Isolated: strings.TrimSpace(string(b)) == "1", Index: index})
 	}
 	sort.Slice(ports, func(i, j int) bool { return ports[i].Name < ports[j].Name })
 	return ports, nil
+}
+
+// Ifindex is a network interface's ifindex, 0 when there is no such interface.
+func (k Kernel) Ifindex(name string) int {
+	b, err := os.ReadFile(filepath.Join(k.Sys, "class/net", name, "ifindex"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
 }
 
 // SetPortIsolated flips one bridge port's isolation flag (the drill's seeded hole, and drift tests).

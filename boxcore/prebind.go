@@ -126,7 +126,7 @@ func (h *Host) completeBind(ctx context.Context, pb *preBound) (done bool, err e
 	if _, err := h.Kernel.PinFDB(h.Stack.Network, own); err != nil {
 		return false, nil // a full round says which port, and whose
 	}
-	recordPlugged(h.Stack.Network, pb.token, pb.nic.Binding.Port)
+	h.recordPlugged(pb.token, pb.nic.Binding.Port)
 	return true, nil
 }
 

@@ -62,19 +62,28 @@ func loadRound(network, token string) (savedRound, bool) {
 	return r, true
 }
 
-// plugged is the ifindex of each of spec's ports on the bridge now.
-func (h *Host) plugged(spec firewall.Spec) (map[string]int, error) {
+// bridgeIndex is the ifindex of each port on the stack's bridge now.
+func (h *Host) bridgeIndex() (map[string]int, error) {
 	ports, err := h.Kernel.BridgePorts(h.Stack.Network)
 	if err != nil {
 		return nil, err
 	}
-	index := map[string]int{}
+	onBridge := map[string]int{}
 	for _, p := range ports {
-		if slices.ContainsFunc(spec.Ports, func(b firewall.PortBinding) bool { return b.Port == p.Name }) {
-			index[p.Name] = p.Index
+		onBridge[p.Name] = p.Index
+	}
+	return onBridge, nil
+}
+
+// boundIndex is the saved round's Index: the veth of each of spec's ports that is plugged.
+func boundIndex(spec firewall.Spec, onBridge map[string]int) map[string]int {
+	index := map[string]int{}
+	for _, b := range spec.Ports {
+		if i := onBridge[b.Port]; i != 0 {
+			index[b.Port] = i
 		}
 	}
-	return index, nil
+	return index
 }
 
 // writeStamp records a round: when the Incus state it bound was read, and its token.
@@ -114,13 +123,9 @@ func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error
 	if subnet == nil {
 		return "", false, nil
 	}
-	ports, err := h.Kernel.BridgePorts(network)
+	onBridge, err := h.bridgeIndex()
 	if err != nil {
 		return "", false, err
-	}
-	onBridge := map[string]int{}
-	for _, p := range ports {
-		onBridge[p.Name] = p.Index
 	}
 	pending := map[string]bool{}
 	for _, p := range readPendings(network) {
@@ -164,36 +169,23 @@ func (h *Host) quickRound(ctx context.Context) (token string, ok bool, err error
 	if _, err := h.applyPorts(spec, unplugged, fresh); err != nil {
 		return "", false, err
 	}
-	index := map[string]int{}
-	for _, b := range spec.Ports {
-		if !unplugged[b.Port] {
-			index[b.Port] = onBridge[b.Port]
-		}
-	}
 	token = randomToken()
-	saveRound(network, savedRound{Token: token, Spec: spec, Index: index})
+	saveRound(network, savedRound{Token: token, Spec: spec, Index: boundIndex(spec, onBridge)})
 	writeStamp(network, read, token)
 	return token, true, nil
 }
 
 // recordPlugged notes in the saved round, still the stamp's (token), the veth a pending port
 // now has: the next quick round then knows it for the one bound.
-func recordPlugged(network, token, port string) {
-	r, ok := loadRound(network, token)
-	if !ok {
-		return
-	}
-	b, err := os.ReadFile("/sys/class/net/" + port + "/ifindex")
-	if err != nil {
-		return
-	}
-	index, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
+func (h *Host) recordPlugged(token, port string) {
+	r, ok := loadRound(h.Stack.Network, token)
+	index := h.Kernel.Ifindex(port)
+	if !ok || index == 0 {
 		return
 	}
 	if r.Index == nil {
 		r.Index = map[string]int{}
 	}
 	r.Index[port] = index
-	saveRound(network, r)
+	saveRound(h.Stack.Network, r)
 }
