@@ -151,6 +151,9 @@ func (c *capturer) judge(b []byte, pt uint8, me string) (Hit, bool) {
 	return h, true
 }
 
+// gatewayReread: the capture reads the neighbour table again on a miss at most this often.
+const gatewayReread = 500 * time.Millisecond
+
 // isGateway: mac is the neighbour entry of an IPv4/IPv6 default gateway.
 // The table is re-read on a miss at most twice a second.
 func (c *capturer) isGateway(mac string) bool {
@@ -159,7 +162,7 @@ func (c *capturer) isGateway(mac string) bool {
 	if c.gw[mac] {
 		return true
 	}
-	if time.Since(c.gwAsked) < 500*time.Millisecond {
+	if time.Since(c.gwAsked) < gatewayReread {
 		return false
 	}
 	c.gwAsked = time.Now()

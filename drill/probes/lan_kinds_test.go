@@ -120,8 +120,18 @@ func TestCaptureRecordsUnexpectedSource(t *testing.T) {
 	needLAN(t)
 	gTalksToB(t)
 	// G's first frames can precede B's ARP entry for its gateway (they are
-	// then "unexpected", as a box's DHCP offer is before its route exists).
-	time.Sleep(100 * time.Millisecond)
+	// then "unexpected", as a box's DHCP offer is before its route exists),
+	// and the capture asks the neighbour table again only after its throttle:
+	// wait for the entry, then past the throttle, under any load (a fixed
+	// 100 ms failed a loaded CI run).
+	deadline := time.Now().Add(5 * time.Second)
+	for bNeighbourOfG(t) != macG {
+		if time.Now().After(deadline) {
+			t.Fatalf("B never learnt its gateway G at %s", macG)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(gatewayReread + 100*time.Millisecond)
 	since := time.Now()
 	r := Run(context.Background(), Spec{Kind: KindTCP, Target: lanB, Port: 7001, Iface: "la0", Timeout: quick})
 	if r.Outcome != Open {

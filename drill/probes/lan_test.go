@@ -298,6 +298,22 @@ func gNeighbourOfB(t *testing.T) string {
 	return mac
 }
 
+// bNeighbourOfG is the MAC B's neighbour table holds for its gateway G.
+func bNeighbourOfG(t *testing.T) string {
+	t.Helper()
+	var mac string
+	_ = inNS(lan.b, func() error {
+		ns, err := netdump.Neighs(0, netlink.FAMILY_V4)
+		for _, n := range ns {
+			if n.IP.String() == lanG && len(n.HardwareAddr) == 6 {
+				mac = n.HardwareAddr.String()
+			}
+		}
+		return err
+	})
+	return mac
+}
+
 func readLeases(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile(lan.leases)
