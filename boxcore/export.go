@@ -45,7 +45,7 @@ const maxConfigFile = 16 << 20
 // returns its size. The daemon's temporary backup is deleted afterwards, also when the
 // stream fails.
 func (bs *Boxes) Export(ctx context.Context, b *Box, w io.Writer) (int64, error) {
-	if _, minting := b.Instance.Config[tagMint]; minting {
+	if Minting(b.Instance.Config) {
 		return 0, Usagef("export: %s is still being minted (or its mint died): export a finished box", b.Name)
 	}
 	name := exportBackupPrefix + randomToken()

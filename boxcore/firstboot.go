@@ -209,12 +209,17 @@ func agentNotReady(err error) bool {
 // error when the template was asked for by name, else a note.
 func withoutCloudInit(b *Box, fb FirstBoot) error {
 	if fb.Required {
-		return Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", b.Instance.Config[TagFrom])
+		return noCloudInit(b.Instance.Config[TagFrom])
 	}
 	if fb.Warn != nil {
 		fb.Warn(fmt.Sprintf("note: image %s has no cloud-init: %s was minted without its template (no claude user, no Claude Code)", b.Instance.Config[TagFrom], b.Name))
 	}
 	return nil
+}
+
+// noCloudInit refuses a template asked for by name on an image without cloud-init.
+func noCloudInit(image string) error {
+	return Usagef("new: image %s has no cloud-init, so its template cannot be applied: use an image with cloud-init (e.g. images:debian/12/cloud)", image)
 }
 
 func isCommandNotFound(err error) bool {

@@ -20,7 +20,14 @@ var execPath = []string{"usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin"
 // Paths resolve inside the root (RESOLVE_IN_ROOT): a clone's source box may have planted
 // symlinks, and they must not lead to the host's own files.
 func lacksCommand(container, cmd string) bool {
-	root, err := unix.Open(filepath.Join(incusDir(), "containers", container, "rootfs"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	return rootLacksCommand(filepath.Join(incusDir(), "containers", container, "rootfs"), cmd)
+}
+
+// rootLacksCommand is lacksCommand for the root file system at dir (a container's, or an
+// image's volume in a pool: an image is named by the hash of its content, so its volume
+// holds what every box created from it starts with).
+func rootLacksCommand(dir, cmd string) bool {
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}

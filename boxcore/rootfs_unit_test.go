@@ -66,3 +66,23 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A box made once started is minting until its first start (which Incus records in
+// volatile.last_state.power, kept by stops and snapshots); any other marker until new drops it.
+func TestMinting(t *testing.T) {
+	for _, c := range []struct {
+		cfg  map[string]string
+		want bool
+	}{
+		{map[string]string{}, false},
+		{map[string]string{tagMint: "t"}, true},
+		{map[string]string{tagMint: "t", "volatile.last_state.power": "RUNNING"}, true},
+		{map[string]string{tagMint: "t" + mintMadeAtStart}, true},
+		{map[string]string{tagMint: "t" + mintMadeAtStart, "volatile.last_state.power": "RUNNING"}, false},
+		{map[string]string{tagMint: "t" + mintMadeAtStart, "volatile.last_state.power": "STOPPED"}, false},
+	} {
+		if got := Minting(c.cfg); got != c.want {
+			t.Errorf("Minting(%v) = %v, want %v", c.cfg, got, c.want)
+		}
+	}
+}

@@ -108,7 +108,7 @@ type Address struct {
 
 func summarize(in incus.Instance) Summary {
 	s := Summary{Name: in.Name, State: strings.ToUpper(in.Status), Type: in.Type, Snapshots: len(in.Snapshots), Created: in.CreatedAt.UTC(), IPv4: []string{}, Addresses: []Address{}, Limits: LimitsOf(in)}
-	if _, minting := in.Config[tagMint]; minting {
+	if Minting(in.Config) {
 		s.State = StateMinting
 	}
 	if in.Location != "none" { // a standalone daemon says "none"
@@ -189,6 +189,11 @@ func (bs *Boxes) Info(ctx context.Context, b *Box) (Info, error) {
 func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 	if b.Instance.Status == "Running" {
 		return nil
+	}
+	if Minting(b.Instance.Config) {
+		// Its `new` is still at work, or died before it was done: a start would call a
+		// half-made box made (a box made once started carries its marker to its first start).
+		return Usagef("start: %s is still being minted (or its mint died): wait for its new, or remove it with: claudebox rm %s --force", b.Name, b.Name)
 	}
 	if bs.Warn != nil {
 		if w := bs.MemoryBudgetWarning(ctx, b.Name, LimitsOf(b.Instance).Memory); w != "" {

@@ -147,13 +147,14 @@ func TestNewMintingMarker(t *testing.T) {
 	name := h.name("mint")
 	h.removeLater(name)
 	bs := &boxcore.Boxes{Client: h.c, Stack: h.stack, Version: "test"}
-	var listed, infoed, cloned result
+	var listed, infoed, cloned, started result
 	_, err := bs.New(context.Background(), boxcore.NewOptions{Name: name, Image: h.image, Config: teststack.Tag(),
 		Progress: func(p boxcore.Progress) {
 			if p.Stage == "start" {
 				listed = h.run("list", "--format", "json")
 				infoed = h.run("info", name)
 				cloned = h.run("new", "--name", h.name("mint2"), "--container", "--from", name)
+				started = h.run("start", name)
 			}
 		}})
 	if err != nil {
@@ -182,6 +183,14 @@ func TestNewMintingMarker(t *testing.T) {
 		t.Errorf("clone of a box mid-mint: exit %d %s", cloned.code, cloned.stderr)
 	}
 	h.gone(h.name("mint2"), "a refused clone")
+	// A start would call the half-made box made (its marker ends with its first start).
+	if started.code != 2 || !strings.Contains(started.stderr, "still being minted") {
+		t.Errorf("start of a box mid-mint: exit %d %s", started.code, started.stderr)
+	}
+	// This box is made once started: new drops no marker, the first start ends it.
+	if in, _, err := h.c.Instance(context.Background(), name); err != nil || !strings.HasSuffix(in.Config["user.claudebox.mint"], "+start") || boxcore.Minting(in.Config) {
+		t.Errorf("made-at-start marker: %q, minting %v (%v)", in.Config["user.claudebox.mint"], boxcore.Minting(in.Config), err)
+	}
 	// Only this box: another package's test may be minting one of its own right now.
 	r := h.expect(0, name, "list", "--format", "json")
 	js = nil
@@ -228,8 +237,8 @@ func TestNewSameNameRace(t *testing.T) {
 	if err != nil || in.Status != "Running" || in.Config["user.claudebox"] != "1" {
 		t.Fatalf("the winner is not a running box: %v %v", in.Status, err)
 	}
-	if _, minting := in.Config["user.claudebox.mint"]; minting {
-		t.Fatal("the winner still carries the mint marker")
+	if boxcore.Minting(in.Config) {
+		t.Fatal("the winner is still minting")
 	}
 }
 
