@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ func TestWatchSeesGenerations(t *testing.T) {
 	// The kernel names the committing thread, not the process: commit from a thread other
 	// than the main one (as a Go program's goroutines mostly do), which ByOthers must still
 	// count as ours.
-	tid, err := onOtherThread(func() error {
+	tid, release, err := onOtherThread(func() error {
 		c, err := nftables.New()
 		if err != nil {
 			return err
@@ -38,6 +39,7 @@ func TestWatchSeesGenerations(t *testing.T) {
 		c.DelTable(tb)
 		return c.Flush()
 	})
+	defer release()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,14 +82,17 @@ func TestWatchSeesGenerations(t *testing.T) {
 }
 
 // onOtherThread runs f on an OS thread of this process that is not its main thread and
-// returns that thread's id.
-func onOtherThread(f func() error) (int, error) {
+// returns that thread's id. The thread lives on until release is called: a locked thread
+// ends with its goroutine, and the watcher maps a committing thread to its process by
+// reading /proc/<tid>, which a thread already gone no longer has.
+func onOtherThread(f func() error) (tid int, release func(), err error) {
 	for range 100 {
 		type result struct {
 			tid int
 			err error
 		}
 		ch := make(chan result)
+		done := make(chan struct{})
 		go func() {
 			runtime.LockOSThread() // never unlocked: the thread goes with the goroutine
 			tid := unix.Gettid()
@@ -96,12 +101,13 @@ func onOtherThread(f func() error) (int, error) {
 				return
 			}
 			ch <- result{tid, f()}
+			<-done
 		}()
 		if r := <-ch; r.tid != os.Getpid() {
-			return r.tid, r.err
+			return r.tid, sync.OnceFunc(func() { close(done) }), r.err
 		}
 	}
-	return 0, fmt.Errorf("no thread but the main one")
+	return 0, func() {}, fmt.Errorf("no thread but the main one")
 }
 
 // ReapplyStarts counts one re-apply per delete of the network's fwd chain, and only that
