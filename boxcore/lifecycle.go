@@ -29,11 +29,14 @@ const (
 	// tagMint is a per-call token: a failed `new` deletes an instance only if it carries the
 	// token of that very call, so two `new` racing for one name never delete each other's box.
 	tagMint = "user.claudebox.mint"
-	// mintMadeAtStart ends the token of a box that `new` has made once it has started (no
-	// first boot to run: a bake, an image without cloud-init): new writes nothing to it after
-	// the start, so the marker is never dropped; it ends with the box's first start instead
-	// (Minting). That spares new an instance update on its critical path (20-70 ms here: a
-	// third of its time past `incus launch`).
+	// mintMadeAtStart ends the token of a box that `new` has made once it has started and
+	// whose port is bound (no first boot to run: an image without cloud-init, on a standalone
+	// daemon): new writes nothing to it after the start, so the marker is never dropped; it
+	// ends with the box's first start instead (Minting). That spares new an instance update on
+	// its critical path (20-70 ms here: a third of its time past `incus launch`). A box with
+	// anything after its start that takes time and can fail (a bake's lease, another member's
+	// binding) keeps a plain token, dropped once that is done, so it never shows as made while
+	// new may still remove it.
 	mintMadeAtStart = "+start"
 )
 
@@ -135,7 +138,7 @@ func (bs *Boxes) New(ctx context.Context, o NewOptions) (*Box, error) {
 	if err != nil {
 		return nil, err
 	}
-	if made, err := m.madeAtStart(req); err != nil {
+	if made, err := m.madeAtStart(ctx, req); err != nil {
 		return nil, err
 	} else if made {
 		m.token += mintMadeAtStart
@@ -247,17 +250,24 @@ type minting struct {
 }
 
 // madeAtStart reports whether the box is made once it has started, so that its mint marker
-// ends with that start: it has no first boot, or a bake's (a lease to wait for, nothing
-// written), or it comes from a local image whose volume in the pool, read on the host before
-// the create, has no cloud-init on exec's PATH. FirstBoot is then told so (the box's own root
-// is not read again), and a template asked for by name is refused before anything is made.
-func (m *minting) madeAtStart(req incus.InstancesPost) (bool, error) {
+// ends with that start: on a standalone daemon, it has no first boot, or it comes from a
+// local image whose volume in the pool, read on the host before the create, has no cloud-init
+// on exec's PATH. FirstBoot is then told so (the box's own root is not read again), and a
+// template asked for by name is refused before anything is made. A bake's box is not: its
+// lease is waited for after the start, and a lease that never comes removes the box.
+func (m *minting) madeAtStart(ctx context.Context, req incus.InstancesPost) (bool, error) {
 	fb := m.o.FirstBoot
-	switch {
-	case fb == nil || fb.Baked:
-		return true, nil
-	case m.image == "" || req.Config["environment.PATH"] != "":
+	if fb != nil && fb.Baked {
 		return false, nil
+	}
+	if member, err := localMember(ctx, m.bs.Client); err != nil || member != "" {
+		return false, nil // on a cluster the box may start on a member whose agent binds it
+	}
+	switch {
+	case fb == nil:
+		return true, nil
+	case !localFingerprint(m.image) || req.Config["environment.PATH"] != "" || m.bs.Client.Remote() != "local":
+		return false, nil // only this host's own daemon's pool is on this host to read
 	}
 	root := filepath.Join(incusDir(), "storage-pools", m.bs.Stack.Pool, "images", m.image, "rootfs")
 	if !rootLacksCommand(root, "cloud-init") {
@@ -270,6 +280,20 @@ func (m *minting) madeAtStart(req incus.InstancesPost) (bool, error) {
 	nfb.noCloudInit = true
 	m.o.FirstBoot = &nfb
 	return true, nil
+}
+
+// localFingerprint: what the daemon names a local image by (64 hex digits), and so a path
+// element of its pool volume that cannot climb out of it.
+func localFingerprint(fp string) bool {
+	if len(fp) != 64 {
+		return false
+	}
+	for _, r := range fp {
+		if !strings.ContainsRune("0123456789abcdef", r) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkPlan: the create wrote the plan's reservation; no other NIC may hold its address or
@@ -422,6 +446,10 @@ func (m *minting) imageSource(ctx context.Context, req *incus.InstancesPost, cfg
 			return err
 		} else {
 			m.image = a.Target
+		}
+		if localFingerprint(m.image) {
+			// The image that madeAtStart reads is the one created from, should the alias move.
+			src = incus.InstanceSource{Type: "image", Fingerprint: m.image}
 		}
 	} else if err := checkImageServer(ctx, o.Image, src); err != nil {
 		return err
@@ -887,6 +915,9 @@ func (bs *Boxes) resolveSource(ctx context.Context, from string) (*Box, string, 
 			return nil, "", err
 		}
 		cfg, devices = s.Config, s.Devices
+		if Minting(cfg) { // taken while the box was still being made
+			return nil, "", Usagef("new --from %s: the snapshot was taken while %s was still being minted: clone a snapshot of the finished box", from, src.Name)
+		}
 	}
 	s := bs.Stack
 	if s.MaxDisk == 0 {

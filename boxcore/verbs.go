@@ -191,9 +191,18 @@ func (bs *Boxes) Start(ctx context.Context, b *Box) error {
 		return nil
 	}
 	if Minting(b.Instance.Config) {
-		// Its `new` is still at work, or died before it was done: a start would call a
-		// half-made box made (a box made once started carries its marker to its first start).
-		return Usagef("start: %s is still being minted (or its mint died): wait for its new, or remove it with: claudebox rm %s --force", b.Name, b.Name)
+		// While its `new` runs (it holds the name's lock) a start would race it. Once that
+		// `new` is gone, a box made once started would be called made by a start (its marker
+		// ends there): it was never finished. Any other such box (kept by --keep-failed, or
+		// left by a killed new) may start, and still shows as MINTING.
+		unlock, err := lockMint(bs.Client.Remote(), b.Name)
+		if err != nil {
+			return Usagef("start: %s is still being minted by a 'claudebox new' running now: wait for it", b.Name)
+		}
+		defer unlock()
+		if strings.HasSuffix(b.Instance.Config[tagMint], mintMadeAtStart) {
+			return Usagef("start: %s is still being minted (its new died before starting it): remove it with: claudebox rm %s --force", b.Name, b.Name)
+		}
 	}
 	if bs.Warn != nil {
 		if w := bs.MemoryBudgetWarning(ctx, b.Name, LimitsOf(b.Instance).Memory); w != "" {

@@ -204,6 +204,92 @@ func TestNewMintingMarker(t *testing.T) {
 	}
 }
 
+// A box whose making goes on after its start (a bake's: its lease is waited for, and a lease
+// that never comes removes the box) shows as MINTING until new is done, and cannot be cloned
+// meanwhile; once done it carries no marker.
+func TestNewMintingAfterStart(t *testing.T) {
+	h := newHarness(t)
+	name := h.name("mintb")
+	h.removeLater(name)
+	bs := &boxcore.Boxes{Client: h.c, Stack: h.stack, Version: "test"}
+	var listed, cloned result
+	var marker string
+	_, err := bs.New(context.Background(), boxcore.NewOptions{Name: name, Image: h.image, Config: teststack.Tag(),
+		FirstBoot: &boxcore.FirstBoot{Baked: true, Timeout: time.Minute},
+		Progress: func(p boxcore.Progress) {
+			if p.Stage == "first boot" { // started, the lease not yet awaited
+				listed = h.run("list", "--format", "json")
+				cloned = h.run("new", "--name", h.name("mintb2"), "--container", "--from", name)
+				if in, _, err := h.c.Instance(context.Background(), name); err == nil {
+					marker = in.Config["user.claudebox.mint"]
+				}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var js []boxcore.Summary
+	if err := json.Unmarshal([]byte(listed.stdout), &js); err != nil {
+		t.Fatalf("list: %v %s", err, listed.stdout)
+	}
+	for _, s := range js {
+		if s.Name == name && s.State != boxcore.StateMinting {
+			t.Errorf("started box still awaiting its lease listed as %s", s.State)
+		}
+	}
+	if marker == "" || strings.HasSuffix(marker, "+start") {
+		t.Errorf("marker while the lease is awaited: %q, want a plain token", marker)
+	}
+	if cloned.code != 2 || !strings.Contains(cloned.stderr, "still being minted") {
+		t.Errorf("clone of a box awaiting its lease: exit %d %s", cloned.code, cloned.stderr)
+	}
+	h.gone(h.name("mintb2"), "a refused clone")
+	if in, _, err := h.c.Instance(context.Background(), name); err != nil || in.Config["user.claudebox.mint"] != "" {
+		t.Errorf("finished baked box: marker %q (%v)", in.Config["user.claudebox.mint"], err)
+	}
+}
+
+// A box whose new died: made once started and never started, start refuses it (a start
+// would call it made); kept after a failed first boot (a plain marker), start starts it and
+// it still shows as MINTING.
+func TestStartOfDeadMint(t *testing.T) {
+	h := newHarness(t)
+	name := h.name("dead")
+	h.removeLater(name)
+	if r := h.newBox(name); r.code != 0 {
+		t.Fatalf("new: %s", r.stderr)
+	}
+	h.tagForSweep(name)
+	h.expect(0, "", "stop", name)
+	ctx := context.Background()
+	setMarker := func(token string) {
+		in, etag, err := h.c.Instance(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		put := in.Writable()
+		put.Config["user.claudebox.mint"] = token
+		delete(put.Config, "volatile.last_state.power") // as a box never started has it
+		if err := h.c.UpdateInstance(ctx, name, put, etag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMarker("dead+start")
+	h.unchanged(2, "its new died before starting it", "start", name)
+	setMarker("kept")
+	h.expect(0, "", "start", name)
+	r := h.expect(0, name, "list", "--format", "json")
+	var js []boxcore.Summary
+	if err := json.Unmarshal([]byte(r.stdout), &js); err != nil {
+		t.Fatalf("list: %v %s", err, r.stdout)
+	}
+	for _, s := range js {
+		if s.Name == name && s.State != boxcore.StateMinting {
+			t.Errorf("a started box its new never finished listed as %s", s.State)
+		}
+	}
+}
+
 // Four `new` of one name at once: exactly one box, the others a clear error, no orphan.
 func TestNewSameNameRace(t *testing.T) {
 	h := newHarness(t)
