@@ -88,7 +88,7 @@ func benchBake(c *incus.Client, bin, prefix string, rounds int) {
 		snapIncus = append(snapIncus, timed(func() { run("incus", "snapshot", "create", src, "i"+s) }))
 		snapDir = append(snapDir, timed(func() { run("incus", "snapshot", "create", dir, s) }))
 		cl, ic, dc := fmt.Sprintf("%s-cl%d", prefix, i), fmt.Sprintf("%s-icl%d", prefix, i), fmt.Sprintf("%s-dcl%d", prefix, i)
-		cloneCB = append(cloneCB, timed(func() { run(bin, "new", "--name", cl, "--from", src+"/"+s) }))
+		cloneCB = append(cloneCB, timed(func() { runShowingSlow(2*time.Second, bin, "new", "--name", cl, "--from", src+"/"+s) }))
 		cloneIncus = append(cloneIncus, timed(func() {
 			// Its own host-side port name (the source's is taken while it runs) and no static
 			// address (the one new planned for the source is the source's).
@@ -107,6 +107,19 @@ func benchBake(c *incus.Client, bin, prefix string, rounds int) {
 	reportAs("new --from", "claudebox (btrfs, to ready)", "incus copy (dir)", [2][]time.Duration{cloneCB, cloneDir}, 1)
 	goal("new --from BOX/SNAP to ready", median(cloneCB), 2*time.Second)
 	remove(c, dir)
+}
+
+// runShowingSlow is run, printing the command's own output when it took longer than slow:
+// its progress lines say where the time went.
+func runShowingSlow(slow time.Duration, name string, args ...string) {
+	start := time.Now()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		fail(fmt.Sprintf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out))
+	}
+	if d := time.Since(start); d > slow {
+		fmt.Printf("bench: %s %s took %.1f s:\n%s", name, strings.Join(args, " "), d.Seconds(), out)
+	}
 }
 
 func timed(f func()) time.Duration {

@@ -32,6 +32,7 @@ func main() {
 	bakeRounds := flag.Int("bake-n", 3, "paired runs per comparison of the baked-template section (a cold mint takes ~40 s)")
 	only := flag.String("only", "", "run one section only: incus or bake")
 	flag.Parse()
+	defer exitOnFailure()
 	ctx := context.Background()
 	c, err := incus.Connect(ctx, "")
 	must(err)
@@ -129,8 +130,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func run(name string, args ...string) {
 	cmd := exec.Command(name, args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-		os.Exit(1)
+		fail(fmt.Sprintf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out))
 	}
 }
 
@@ -151,7 +151,24 @@ func cleanup(c *incus.Client, prefix string) {
 
 func must(err error) {
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
+		fail(err.Error())
+	}
+}
+
+// benchFailure ends the bench through main's deferred calls, so the boxes and the bake it
+// made are removed on a failure too (os.Exit would skip them).
+type benchFailure string
+
+func fail(msg string) { panic(benchFailure(msg)) }
+
+// exitOnFailure, deferred first in main, runs last: after every cleanup.
+func exitOnFailure() {
+	if r := recover(); r != nil {
+		f, ok := r.(benchFailure)
+		if !ok {
+			panic(r)
+		}
+		fmt.Fprintln(os.Stderr, "bench:", string(f))
 		os.Exit(1)
 	}
 }
