@@ -59,9 +59,11 @@ type Boxes struct {
 	// HostLocked: the caller holds the network's lock (the drill, around its whole run), so
 	// binding a started box's port must not take it again.
 	HostLocked bool
-	// Warn receives a line for the user (the memory budget warning of new and start); nil
-	// for silence.
+	// Warn receives a line for the user (the memory budget warning of new and start, a
+	// stop that had to kill); nil for silence.
 	Warn func(string)
+	// StopGrace is how long Stop waits for a clean shutdown; 0 is DefaultStopGrace.
+	StopGrace time.Duration
 }
 
 // NewOptions are the choices of `new`.

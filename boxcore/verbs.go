@@ -1,6 +1,7 @@
 package boxcore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -249,18 +250,65 @@ func (bs *Boxes) startBound(ctx context.Context, name, at string) error {
 // kill stops a running box at once (restore and rm discard its state anyway); one that
 // stopped meanwhile is no error.
 func (bs *Boxes) kill(ctx context.Context, name string) error {
-	if err := bs.Client.SetState(ctx, name, "stop", true, 0); err != nil && !strings.Contains(err.Error(), "already stopped") {
+	err := whileBusy(ctx, func() error { return bs.Client.SetState(ctx, name, "stop", true, 0) })
+	if err != nil && !strings.Contains(err.Error(), "already stopped") {
 		return err
 	}
 	return nil
 }
 
-// Stop stops a box; force kills it instead of a clean shutdown.
-func (bs *Boxes) Stop(ctx context.Context, b *Box, force bool) error {
+// busyWait bounds whileBusy: the daemon drops an operation's lock within its own 30 s
+// timeout at the latest.
+const busyWait = 35 * time.Second
+
+// whileBusy runs call until the daemon stops answering that the instance is busy running
+// another operation (an update a killed client left in flight, a racing verb's start), for
+// at most busyWait.
+func whileBusy(ctx context.Context, call func() error) error {
+	deadline := time.Now().Add(busyWait)
+	for {
+		err := call()
+		if !errors.Is(err, incus.ErrBusy) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// DefaultStopGrace is how long Stop waits for a clean shutdown before it kills the box.
+const DefaultStopGrace = 30 * time.Second
+
+// Stop stops a box; kill skips the clean shutdown. A box that has not shut down cleanly
+// within its grace (StopGrace, else DefaultStopGrace) is killed, as docker stop does, and
+// Warn says so: an init that has not yet set up its signal handlers, just after a start,
+// never sees the shutdown signal, and a stop that gives up leaves the box running.
+func (bs *Boxes) Stop(ctx context.Context, b *Box, kill bool) error {
 	if b.Instance.Status == "Stopped" {
 		return nil
 	}
-	return bs.Client.SetState(ctx, b.Name, "stop", force, 30*time.Second)
+	if kill {
+		return bs.kill(ctx, b.Name)
+	}
+	grace := cmp.Or(bs.StopGrace, DefaultStopGrace)
+	err := whileBusy(ctx, func() error { return bs.Client.SetState(ctx, b.Name, "stop", false, grace) })
+	if err == nil || strings.Contains(err.Error(), "already stopped") {
+		return nil
+	}
+	in, _, ierr := bs.Client.Instance(ctx, b.Name)
+	if ierr != nil || in.Status != "Running" {
+		return err // not a shutdown that ran out of time: say what failed
+	}
+	if kerr := bs.kill(ctx, b.Name); kerr != nil {
+		return fmt.Errorf("%w; and killing it: %v", err, kerr)
+	}
+	if bs.Warn != nil {
+		bs.Warn(fmt.Sprintf("%s did not shut down within %s: killed it", b.Name, grace))
+	}
+	return nil
 }
 
 var snapRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -371,18 +419,26 @@ func (bs *Boxes) renamePort(ctx context.Context, oldName, newName string) error 
 // its exposures' guard rules (without root that waits for the next bind or host init: the
 // stale rules only block more).
 func (bs *Boxes) Remove(ctx context.Context, b *Box) error {
-	if b.Instance.Status != "Stopped" {
-		if err := bs.kill(ctx, b.Name); err != nil {
-			return err
-		}
-	}
-	if err := bs.Client.DeleteInstance(ctx, b.Name); err != nil {
+	if err := bs.Discard(ctx, b); err != nil {
 		return err
 	}
 	if err := bs.bindPorts(ctx, ""); err != nil && !errors.Is(err, ErrBindNeedsRoot) {
 		return fmt.Errorf("rm %s: the box is gone, but re-binding the ports: %w", b.Name, err)
 	}
 	return nil
+}
+
+// Discard deletes a box's instance (killed first when running) and leaves the host's port
+// bindings as they are: for a caller that removes a batch and converges once after it (the
+// drill). An instance still busy with another operation (one a killed client left running)
+// is tried again until the daemon lets it go.
+func (bs *Boxes) Discard(ctx context.Context, b *Box) error {
+	if b.Instance.Status != "Stopped" {
+		if err := bs.kill(ctx, b.Name); err != nil {
+			return err
+		}
+	}
+	return whileBusy(ctx, func() error { return bs.Client.DeleteInstance(ctx, b.Name) })
 }
 
 // clearStalePort removes a leftover veth carrying the box's fixed port name (HostName): Incus

@@ -97,7 +97,7 @@ func boxCommands() []Command {
 			Examples: []string{"claudebox stop work", "claudebox stop work --kill"},
 			Pre:      boxPre,
 			Flags: []cli.Flag{
-				&cli.BoolFlag{Name: "kill", Usage: "kill instead of shutting down cleanly"},
+				&cli.BoolFlag{Name: "kill", Usage: "kill at once instead of shutting down cleanly (a box not shut down within 30s is killed anyway)"},
 				// The old name of --kill: --force now means only "even if running".
 				&cli.BoolFlag{Name: "force", Usage: "the old name of --kill", Hidden: true},
 			},

@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,11 +30,13 @@ func Cleanup(ctx context.Context, c *incus.Client) ([]string, error) {
 	return cleanupLocked(ctx, c)
 }
 
-func cleanupLocked(ctx context.Context, c *incus.Client) ([]string, error) {
-	var done []string
-	for _, n := range deleteTagged(ctx, c, func(incus.Instance) bool { return true }) {
+func cleanupLocked(ctx context.Context, c *incus.Client) (done []string, err error) {
+	gone, ierr := deleteTagged(ctx, c, func(incus.Instance) bool { return true })
+	for _, n := range gone {
 		done = append(done, "instance "+n)
 	}
+	// The rest is cleaned whatever a box's removal said; the error ends the run.
+	defer func() { err = errors.Join(ierr, err) }()
 	links, _ := netdump.Links()
 	for _, l := range links {
 		if isDrillVeth(l) {

@@ -555,12 +555,13 @@ func stripForwarder(raw string) []string {
 func (e *engine) teardown(ctx context.Context) error {
 	_ = e.awaitExposure() // never delete a box under its exposure's write
 	var errs []error
+	var boxesErr error
 	var wg sync.WaitGroup
 	if !e.o.Keep {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Config[DrillTag] == e.run })
+			_, boxesErr = deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Config[DrillTag] == e.run })
 		}()
 	} else if len(e.boxes) > 0 {
 		e.progress("  --keep: boxes left running: %s (remove with 'claudebox drill --cleanup')", boxNames(e.boxes))
@@ -587,6 +588,9 @@ func (e *engine) teardown(ctx context.Context) error {
 	// The wall is re-applied once the boxes are gone: an apply while they are being deleted
 	// would bind ports that vanish under it and leave their bindings stale.
 	wg.Wait()
+	if boxesErr != nil {
+		errs = append(errs, fmt.Errorf("%w (claudebox drill --cleanup removes what is left)", boxesErr))
+	}
 	if e.admitted {
 		if err := e.host.SetAdmittedUplinks(ctx, nil); err != nil {
 			errs = append(errs, fmt.Errorf("restoring the wall's uplinks: %w", err))

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,7 +110,9 @@ func (e *engine) dropResBox(ctx context.Context) {
 	}
 	name := e.resBox.Name
 	e.resBox = nil
-	deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Name == name })
+	if _, err := deleteTagged(ctx, e.c, func(in incus.Instance) bool { return in.Name == name }); err != nil {
+		e.progress("  %v (the teardown tries again)", err)
+	}
 	e.waitNamesReleased(ctx, map[string]bool{name: true})
 	// Its port's binding goes with it, as the box verbs do: a stale one is drift.
 	if err := e.host.BindPorts(ctx); err != nil {
@@ -416,7 +419,9 @@ func (e *engine) remint(ctx context.Context) error {
 	for _, b := range e.boxes {
 		old[b.Name] = true
 	}
-	deleteTagged(ctx, e.c, func(in incus.Instance) bool { return old[in.Name] })
+	if _, err := deleteTagged(ctx, e.c, func(in incus.Instance) bool { return old[in.Name] }); err != nil {
+		return err // a box left would answer to its old name
+	}
 	e.waitNamesReleased(ctx, old)
 	e.gen++
 	bs, err := e.mintBoxes(ctx)
@@ -498,17 +503,20 @@ func releaseLease(gateway netip.Addr, l boxcore.Lease) error {
 // namesReleaseWait bounds waitNamesReleased.
 const namesReleaseWait = 15 * time.Second
 
-// deleteTagged removes drill boxes (found by tag, so a half-minted one goes too) through
-// boxcore, in parallel, and returns the names removed.
-func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instance) bool) []string {
+// deleteTagged removes drill boxes (found by tag, so a half-minted one goes too) in
+// parallel and returns the names removed, and what kept any other from going: a cleanup
+// never says done while a box is left. The host's port bindings are the caller's to
+// converge, once (Discard).
+func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instance) bool) ([]string, error) {
 	insts, err := c.Instances(ctx, map[string]string{boxcore.TagKey: "1"}, false)
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("listing the drill's boxes: %w", err)
 	}
 	bs := &boxcore.Boxes{Client: c}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var gone []string
+	var errs []error
 	for _, in := range insts {
 		if _, ok := in.Config[DrillTag]; !ok || !match(in) {
 			continue
@@ -516,13 +524,17 @@ func deleteTagged(ctx context.Context, c *incus.Client, match func(incus.Instanc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := bs.Remove(ctx, &boxcore.Box{Name: in.Name, Instance: in}); err == nil || errors.Is(err, incus.ErrNotFound) {
-				mu.Lock()
+			err := bs.Discard(ctx, &boxcore.Box{Name: in.Name, Instance: in})
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil || errors.Is(err, incus.ErrNotFound) {
 				gone = append(gone, in.Name)
-				mu.Unlock()
+			} else {
+				errs = append(errs, fmt.Errorf("removing %s: %w", in.Name, err))
 			}
 		}()
 	}
 	wg.Wait()
-	return gone
+	sort.Strings(gone)
+	return gone, errors.Join(errs...)
 }

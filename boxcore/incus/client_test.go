@@ -114,6 +114,13 @@ func TestErrorMapping(t *testing.T) {
 	if (&incus.StatusError{Code: 400, Message: "UNIQUE constraint failed: instances.name"}).Is(incus.ErrConflict) != true {
 		t.Errorf("database duplicate is not a conflict")
 	}
+	busy := &incus.StatusError{Code: 400, Operation: "x", Message: `Instance is busy running a "update" operation`}
+	if !errors.Is(busy, incus.ErrBusy) || errors.Is(busy, incus.ErrConflict) {
+		t.Errorf("busy instance: not ErrBusy")
+	}
+	if errors.Is(&incus.StatusError{Code: 400, Message: "Instance is running"}, incus.ErrBusy) {
+		t.Errorf("a running instance is not a busy one")
+	}
 }
 
 // unixServer serves h on a Unix socket in a temp dir.

@@ -15,6 +15,11 @@ var ErrNotFound = errors.New("not found")
 // constraint failed").
 var ErrConflict = errors.New("already exists")
 
+// ErrBusy matches (errors.Is) an API error saying the instance is busy running another
+// operation (a start, stop, update, ... whose lock the daemon still holds): trying again
+// once it ends is the cure.
+var ErrBusy = errors.New("busy running another operation")
+
 // StatusError is an error returned by the Incus API, either directly (Code is the HTTP or
 // Incus error code) or as the failure of an operation (Operation is its id, Code its status
 // code, usually 400).
@@ -37,7 +42,8 @@ func (e *StatusError) Error() string {
 	}
 }
 
-// Is makes errors.Is(err, ErrNotFound) and errors.Is(err, ErrConflict) work.
+// Is makes errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict) and errors.Is(err,
+// ErrBusy) work.
 func (e *StatusError) Is(target error) bool {
 	switch target {
 	case ErrNotFound:
@@ -49,6 +55,8 @@ func (e *StatusError) Is(target error) bool {
 		m := strings.ToLower(e.Message)
 		// Some duplicates surface only as a database error inside an operation.
 		return strings.Contains(m, "already exists") || strings.Contains(m, "unique constraint failed")
+	case ErrBusy:
+		return strings.Contains(strings.ToLower(e.Message), "is busy running")
 	}
 	return false
 }

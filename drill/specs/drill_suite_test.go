@@ -233,12 +233,15 @@ func killAt(phase string) {
 	case <-time.After(90 * time.Second):
 		Fail("the drill never paused at " + phase + ": " + lastLines())
 	}
+	// What the run has made is listed before the kill (the control: Leftovers sees it), so
+	// the cleanup follows the kill at once: at probing, the first box's exposure is still
+	// being written, and a daemon still busy with it must not make the cleanup skip the box.
+	left, err := drill.Leftovers(ctx, client)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(left).NotTo(BeEmpty(), "killing at %s should leave something to clean", phase)
 	Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
 	_ = cmd.Wait()
 
-	left, err := drill.Leftovers(ctx, client)
-	Expect(err).NotTo(HaveOccurred())
-	Expect(left).NotTo(BeEmpty(), "killing at %s should have left something to clean", phase)
 	out, err := exec.CommandContext(ctx, binary, "drill", "--cleanup").CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "%s", out)
 	fmt.Fprintf(GinkgoWriter, "cleanup after kill at %s:\n%s", phase, out)
