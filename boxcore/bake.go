@@ -316,6 +316,10 @@ func (bs *Boxes) Bake(ctx context.Context, o BakeOptions) (BakeResult, error) {
 	b := o.New
 	b.Name = "bake-" + st.Recipe.Template + "-" + randomToken()[:6]
 	b.Config = maps.Clone(b.Config)
+	// The builder runs the template's recipe once, at the user's asking, bounded by the
+	// first boot's timeout: it gets every CPU of the host (a box's quota leaves one free).
+	// Measured here (2 CPUs): the builder's first boot 15-18 s instead of 19-21 s.
+	b.Config[KeyCPUAllowance] = DefaultLimits().HostAllowance()
 	b.Progress = o.Progress
 	b.Timings = nil
 	b.Target, b.Here = "", true // built here, where its image's pool is warmed

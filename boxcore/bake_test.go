@@ -76,9 +76,24 @@ func TestBake(t *testing.T) {
 
 	cold := coldOptions(t, "", "claude", img.Alias)
 	var stages []string
-	res, err := bs.Bake(ctx, boxcore.BakeOptions{New: cold, Progress: func(p boxcore.Progress) { stages = append(stages, p.Stage) }})
+	var builderQuota string // the builder's CPU quota, read while it runs
+	res, err := bs.Bake(ctx, boxcore.BakeOptions{New: cold, Progress: func(p boxcore.Progress) {
+		stages = append(stages, p.Stage)
+		if p.Stage != "check" {
+			return
+		}
+		insts, _ := c.Instances(ctx, map[string]string{testenv.TagKey: testenv.RunID()}, false)
+		for _, in := range insts {
+			if strings.HasPrefix(in.Name, "bake-claude-") {
+				builderQuota = in.Config[boxcore.KeyCPUAllowance]
+			}
+		}
+	}})
 	if err != nil {
 		t.Fatalf("bake: %v", err)
+	}
+	if want := boxcore.DefaultLimits().HostAllowance(); builderQuota != want {
+		t.Errorf("the builder's CPU quota %q, want every CPU of the host (%s)", builderQuota, want)
 	}
 	t.Logf("bake: %s in %s (builder %s, publish %s), stages %v", res.State.Label(), res.Total, res.Mint, res.Publish, stages)
 	if res.UpToDate || res.Why != "no bake yet" || !res.State.Current() || !regexp.MustCompile(`^\d+\.\d+\.\d+$`).MatchString(res.State.Claude()) {
@@ -213,6 +228,10 @@ func TestBake(t *testing.T) {
 			if cfg[k] == "" {
 				t.Errorf("baked box lacks %s", k)
 			}
+		}
+		// The builder's quota of every CPU is not a box's: a box from the bake has its own.
+		if cpus, hard := boxcore.ParseAllowance(cfg[boxcore.KeyCPUAllowance]); !hard || int(cpus) > boxcore.DefaultLimits().AllowanceCPUs {
+			t.Errorf("baked box's CPU quota %q: more than a box's %d CPUs", cfg[boxcore.KeyCPUAllowance], boxcore.DefaultLimits().AllowanceCPUs)
 		}
 		if len(in.Profiles) != 1 || in.Profiles[0] != s.Profile {
 			t.Errorf("profiles %v", in.Profiles)

@@ -124,6 +124,10 @@ func (l Limits) Allowance(cpus int) string {
 	return fmt.Sprintf("%dms/100ms", n*100)
 }
 
+// HostAllowance is a hard CPU quota of every CPU of the host: the bake's builder's, a
+// build the user asked for, not a box's workload.
+func (l Limits) HostAllowance() string { return fmt.Sprintf("%dms/100ms", max(l.Host.CPUs, 1)*100) }
+
 // ContainerKeys are the container-only limits a new container box gets on its own config:
 // the default process limit, and the hard CPU quota for the CPUs it asks (limits.cpu, "" for
 // the profile's).
