@@ -673,6 +673,60 @@ func TestExecControlStallRetried(t *testing.T) {
 	}
 }
 
+// The last data socket's handshake timing out does not say whether the command ran (the
+// daemon may have connected it while the answer was late): the operation says. Failed with
+// the daemon's own bound for the sockets, it never started and is asked for again (a drill of
+// 8 boxes on a busy host: "connecting fd 2: i/o timeout", 72 rows check-failed); one that ran
+// is an error, never run twice.
+func TestExecLastSocketTimeout(t *testing.T) {
+	up := websocket.Upgrader{}
+	for _, ran := range []bool{false, true} {
+		var execs, runs atomic.Int32
+		c := fakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/1.0/instances/x/exec":
+				n := execs.Add(1)
+				writeJSON(w, 202, async(fmt.Sprintf("ex%d", n), map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}}))
+			case "/1.0/operations/ex1/websocket", "/1.0/operations/ex2/websocket":
+				if r.URL.Path == "/1.0/operations/ex1/websocket" && r.URL.Query().Get("secret") == "s2" {
+					time.Sleep(400 * time.Millisecond) // the last handshake's answer is late
+					return
+				}
+				ws, err := up.Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				if r.URL.Query().Get("secret") == "s1" && r.URL.Path == "/1.0/operations/ex2/websocket" {
+					runs.Add(1)
+					_ = ws.WriteMessage(websocket.BinaryMessage, []byte("ok\n"))
+				}
+				if r.URL.Query().Get("secret") != "s0" {
+					_ = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+				}
+			case "/1.0/operations/ex1/wait":
+				if ran {
+					writeJSON(w, 200, op("ex1", 200, "", map[string]any{"return": 0}))
+				} else {
+					writeJSON(w, 200, op("ex1", 400, "Timed out waiting for websockets to connect", nil))
+				}
+			case "/1.0/operations/ex2/wait":
+				time.Sleep(50 * time.Millisecond)
+				writeJSON(w, 200, op("ex2", 200, "", map[string]any{"return": 0}))
+			default:
+				cancelledOrNotFound(w, r)
+			}
+		})
+		c.SetHandshakeTimeout(100 * time.Millisecond)
+		r, err := c.Exec(context.Background(), "x", incus.ExecRequest{Command: []string{"true"}})
+		switch {
+		case !ran && (err != nil || string(r.Stdout) != "ok\n" || execs.Load() != 2 || runs.Load() != 1):
+			t.Errorf("the daemon's bound ran out: %q, %v after %d execs; want ok from the second", r.Stdout, err, execs.Load())
+		case ran && (err == nil || !strings.Contains(err.Error(), "connecting fd 2") || execs.Load() != 1):
+			t.Errorf("the command ran: %v after %d execs; want the timeout after 1", err, execs.Load())
+		}
+	}
+}
+
 // PublishInstance sends an instance source with the properties and compression asked for,
 // returns the operation's fingerprint, and reports a failed publish and a publish that names
 // no image.
