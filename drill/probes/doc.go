@@ -38,6 +38,9 @@
 //	                   DNS.Answered && no records); dropped must not count.
 //	facts              gathered → open with Result.Facts; kernel unreadable → check-failed.
 //	                   A rogue RA that landed shows as HasGlobalIPv6 / an IPv6 default route.
+//	nested (run --nested)  as its kind, then judged once more by the box: a host
+//	                   unreachable (EHOSTUNREACH, ICMP code 1) whose next hop has a failed
+//	                   ARP entry in the box is dropped, the box's own ARP failure one hop up.
 //	dns, class CH      DNS.Class "CH" with Type TXT (servers.bind, version.bind): records →
 //	                   open (the resolver disclosed itself); REFUSED, NOTIMP, NXDOMAIN or an
 //	                   empty answer → refused (answered, said nothing); silence → dropped.
