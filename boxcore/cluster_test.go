@@ -158,15 +158,6 @@ func TestClusterStack(t *testing.T) {
 			t.Fatalf("agent on %s: %v", members[i].Name, err)
 		}
 		agents[i] = cmd
-		// Up once its heartbeat is in its member's config (after its first firewall apply).
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			if cfg, err := c.Client(0).MemberConfig(ctx, members[i].Name); err == nil && cfg[boxcore.AgentKey(stack.Network)] != "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("agent on %s: no heartbeat within 30 s", members[i].Name)
-			}
-		}
 		t.Cleanup(func() {
 			stopAgent(cmd)
 			if log, _ := os.ReadFile(f.Name()); testing.Verbose() {
@@ -174,6 +165,18 @@ func TestClusterStack(t *testing.T) {
 			}
 			f.Close()
 		})
+		// Up once its heartbeat is in its member's config (after its first firewall apply).
+		// 60 s: in a loaded make test (every package at once) m3's agent once had none
+		// within 30 s while m1's and m2's came at once; its log says where it waited.
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if cfg, err := c.Client(0).MemberConfig(ctx, members[i].Name); err == nil && cfg[boxcore.AgentKey(stack.Network)] != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				log, _ := os.ReadFile(f.Name())
+				t.Fatalf("agent on %s: no heartbeat within 60 s; its log:\n%s", members[i].Name, log)
+			}
+		}
 	}
 	for i := range members {
 		startAgent(i)
